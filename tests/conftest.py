@@ -1,0 +1,56 @@
+"""Shared fixtures: one in-process cluster for the whole test session.
+
+Test tiers (STYLE.md): unit tests need no fixture; tests that take
+`ps_strategy` share one in-process cluster; tests marked `processes` start
+real task processes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tf_psx  # noqa: E402  (sets TF_USE_LEGACY_KERAS before tf.keras loads)
+
+# The session cluster: 1 worker so that steps run in order and results can be
+# compared with a single process; 2 ps so that tables really are split.
+SESSION_WORKERS = 1
+SESSION_PS = 2
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A chief subprocess imports TF, starts tasks and traces fit: minutes on 2 cores.
+SCRIPT_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="session")
+def local_cluster():
+    with tf_psx.LocalCluster(num_workers=SESSION_WORKERS, num_ps=SESSION_PS) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def ps_strategy(local_cluster):
+    return tf_psx.ParameterServerStrategy(local_cluster, partitioner="fixed:2")
+
+
+def run_script(name: str, *args: str, env: dict | None = None, timeout: float = SCRIPT_TIMEOUT_S):
+    """Runs tests/scripts/<name> in a fresh Python; returns the CompletedProcess.
+
+    Scripts that connect to their own cluster must run in their own process:
+    a TF process connects to one cluster.
+    """
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, os.path.join(REPO, "tests", "scripts", name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=REPO,
+        check=False,
+    )

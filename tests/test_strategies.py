@@ -1,0 +1,196 @@
+"""Strategy wrappers on the session's in-process cluster (tier b), and units (tier a)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.distribute import sharded_variable
+
+import tf_psx
+from tf_psx import _compat
+
+from conftest import run_script
+
+NUM_ROWS = 1000
+DIM = 4
+FIELDS = 3
+BATCH = 32
+STEPS = 12
+
+
+def _data(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, NUM_ROWS, size=(BATCH * STEPS, FIELDS)).astype(np.int64)
+    # Duplicate ids inside batches on purpose: sparse gradients must sum them.
+    ids[:, 1] = ids[:, 0]
+    labels = (ids.sum(axis=1) % 2).astype(np.float32)
+    return ids, labels
+
+
+def _model() -> tf.keras.Model:
+    inputs = tf.keras.Input(shape=(FIELDS,), dtype=tf.int64)
+    emb = tf.keras.layers.Embedding(NUM_ROWS, DIM, name="emb")(inputs)
+    out = tf.keras.layers.Dense(1, activation="sigmoid")(tf.keras.layers.Flatten()(emb))
+    return tf.keras.Model(inputs, out)
+
+
+def _dense(var) -> np.ndarray:
+    if isinstance(var, sharded_variable.ShardedVariable):
+        return tf.concat(var.variables, axis=0).numpy()
+    return var.numpy()
+
+
+def _variables(model):
+    """[embeddings, kernel, bias]: whole (possibly sharded) variables, in get_weights order."""
+    dense = model.layers[-1]
+    return [model.get_layer("emb").embeddings, dense.kernel, dense.bias]
+
+
+def _dataset():
+    ids, labels = _data()
+    return tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH)
+
+
+def test_is_a_tf_parameter_server_strategy(ps_strategy):
+    assert isinstance(ps_strategy, tf.distribute.ParameterServerStrategy)
+    assert isinstance(ps_strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
+def test_coordinator_is_created_once_and_used_by_keras(ps_strategy):
+    first = ps_strategy.coordinator
+    assert ps_strategy.coordinator is first
+    assert tf.distribute.experimental.coordinator.ClusterCoordinator(ps_strategy) is first
+
+
+def test_fit_trains_and_shards_embedding_on_ps(ps_strategy):
+    with ps_strategy.scope():
+        model = _model()
+        model.compile(tf.keras.optimizers.SGD(0.5), "binary_crossentropy")
+    emb = model.get_layer("emb").embeddings
+    assert isinstance(emb, sharded_variable.ShardedVariable)
+    assert len(emb.variables) == 2
+    assert sorted(v.device for v in emb.variables) == [
+        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:ps/replica:0/task:1/device:CPU:0",
+    ]
+    before = _dense(emb).copy()
+    history = model.fit(
+        tf.keras.utils.experimental.DatasetCreator(lambda ctx: _dataset().repeat()),
+        epochs=2, steps_per_epoch=STEPS, verbose=0,
+    )
+    assert len(history.history["loss"]) == 2
+    assert int(model.optimizer.iterations.numpy()) == 2 * STEPS
+    assert not np.allclose(_dense(emb), before), "fit did not change the embedding"
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adagrad"])
+def test_one_worker_equals_no_strategy(ps_strategy, optimizer):
+    # With one worker the coordinator runs the steps one after another, in
+    # order, so every update must equal the single-process update: same
+    # initial weights, same batches, same optimizer.
+    tf.keras.utils.set_random_seed(1)
+    reference = _model()
+    reference.compile(optimizer, "binary_crossentropy")
+    initial = reference.get_weights()
+    reference.fit(_dataset(), epochs=1, verbose=0, shuffle=False)
+
+    with ps_strategy.scope():
+        model = _model()
+        model.compile(optimizer, "binary_crossentropy")
+    for var, value in zip(_variables(model), initial):
+        var.assign(value)
+    model.fit(
+        tf.keras.utils.experimental.DatasetCreator(lambda ctx: _dataset()),
+        epochs=1, steps_per_epoch=STEPS, verbose=0,
+    )
+    trained = reference.get_weights()
+    assert not np.allclose(trained[0], initial[0]), "the reference did not train"
+    for var, want in zip(_variables(model), trained):
+        np.testing.assert_allclose(_dense(var), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec, shards", [("fixed:2", 2), ("per_ps", 2), ("max_ids:300", 4), ("min_size:1k", 2)])
+def test_partitioner_specs_shard_the_table(local_cluster, spec, shards):
+    strategy = tf_psx.ParameterServerStrategy(local_cluster, partitioner=spec)
+    with strategy.scope():
+        var = tf.Variable(tf.zeros([NUM_ROWS, DIM]))
+    assert len(var.variables) == shards
+
+
+def test_bad_partitioner_spec_is_rejected_before_connecting(local_cluster):
+    with pytest.raises(ValueError, match=r"Partitioner spec must be one of fixed:N.*received 'fixed:zero'"):
+        tf_psx.ParameterServerStrategy(local_cluster, partitioner="fixed:zero")
+
+
+def test_cluster_argument_forms(local_cluster):
+    for cluster in (local_cluster.config, local_cluster.resolver):
+        strategy = tf_psx.ParameterServerStrategy(cluster)
+        assert strategy.extended._num_ps == 2  # pylint: disable=protected-access
+    with pytest.raises(TypeError, match="Argument `cluster` must be None"):
+        tf_psx.ParameterServerStrategy(cluster=42)
+
+
+def test_cluster_without_ps_is_rejected():
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": ["127.0.0.1:1"]}), rpc_layer="grpc"
+    )
+    with pytest.raises(tf_psx.TFConfigError, match=r'at least one "ps" task'):
+        tf_psx.ParameterServerStrategy(resolver)
+
+
+def test_evaluator_in_a_resolver_is_rejected():
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"], "evaluator": ["127.0.0.1:3"]}),
+        rpc_layer="grpc",
+    )
+    with pytest.raises(tf_psx.TFConfigError, match="must not contain \"evaluator\".*46169"):
+        tf_psx.ParameterServerStrategy(resolver)
+
+
+def test_keras3_model_gets_a_clear_error(ps_strategy):
+    import keras  # Keras 3, installed beside tf-keras by tensorflow 2.16
+
+    k3_model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    with pytest.raises(tf_psx.Keras3Error, match=r"Keras 3 object.*import tf_keras as keras"):
+        tf_psx.ParameterServerStrategy.check_model(k3_model)
+    with ps_strategy.scope():
+        k3_model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        k3_model.compile("sgd", "mse")
+    with pytest.raises(tf_psx.Keras3Error, match=r"Keras 3 \(keras\.src.*called model\.fit.*tf-keras"):
+        k3_model.fit(np.zeros((4, 2)), np.zeros((4, 1)), epochs=1, steps_per_epoch=1, verbose=0)
+    tf_psx.ParameterServerStrategy.check_model(_model())  # tf-keras passes
+
+
+def test_tf_keras_is_routed_to_tf_keras():
+    assert _compat.tf_keras_is_legacy()
+    assert tf.keras.layers.Dense.__module__.startswith("tf_keras")
+
+
+def test_auto_strategy_without_tf_config_is_default(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert tf_psx.auto_strategy() is tf.distribute.get_strategy()
+
+
+def test_auto_strategy_with_ps_in_tf_config(local_cluster, caplog):
+    strategy = tf_psx.auto_strategy({"cluster": local_cluster.config.as_dict()})
+    assert isinstance(strategy, tf_psx.ParameterServerStrategy)
+    assert "ps task(s): ParameterServerStrategy" in caplog.text
+
+
+def test_strategy_in_a_worker_task_is_rejected(local_cluster):
+    with pytest.raises(tf_psx.TFConfigError, match=r'task is "worker".*python -m tf_psx.server'):
+        tf_psx.ParameterServerStrategy(local_cluster.config.tf_config("worker", 0))
+
+
+def test_central_storage_two_cpus_equals_one_device():
+    # Runs in its own process: logical CPU devices must be configured before
+    # TF initializes, and this process is already connected to a cluster.
+    result = run_script("central_storage_equivalence.py")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "replicas=2 max_abs_diff=" in result.stdout
+
+
+def test_central_storage_rejects_empty_devices():
+    with pytest.raises(ValueError, match=r"`compute_devices` must be a non-empty list"):
+        tf_psx.CentralStorageStrategy(compute_devices=[])

@@ -1,0 +1,54 @@
+"""tf_psx: parameter-server training for TensorFlow models with huge sparse embeddings.
+
+Importing tf_psx is quiet and cheap: TensorFlow is imported only when a name
+that needs it is first used. The import routes `tf.keras` to tf-keras (see
+`_compat.py`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging as _logging
+
+from tf_psx import _compat  # noqa: F401  (sets TF_USE_LEGACY_KERAS before tf.keras loads)
+
+__version__ = "0.1.0"
+
+# name -> module that defines it; loaded on first attribute access (PEP 562).
+_EXPORTS = {
+    "ClusterConfig": "tf_psx.cluster",
+    "TFConfigError": "tf_psx.cluster",
+    "LocalCluster": "tf_psx.local",
+    "ParameterServerStrategy": "tf_psx.strategies",
+    "CentralStorageStrategy": "tf_psx.strategies",
+    "auto_strategy": "tf_psx.strategies",
+    "LocalResourcesError": "tf_psx.strategies",
+    "Keras3Error": "tf_psx._compat",
+}
+_SUBMODULES = ("partitioners", "data", "cluster", "local", "strategies")
+
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES)
+
+_logger = _logging.getLogger("tf_psx")
+if not _logger.handlers:
+    # Choices tf_psx makes for the user (which strategy, which cluster) are
+    # shown at INFO; nothing is logged at import time.
+    _handler = _logging.StreamHandler()
+    _handler.setFormatter(_logging.Formatter("tf_psx: %(message)s"))
+    _logger.addHandler(_handler)
+    _logger.setLevel(_logging.INFO)
+    _logger.propagate = False
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tf_psx.{name}")
+    raise AttributeError(f"module 'tf_psx' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,366 @@
+"""`LocalCluster`: a working parameter-server cluster on free loopback ports.
+
+Two modes:
+
+* in-process (`processes=False`, the default, for notebooks and test suites):
+  every ps and worker is a `tf.distribute.Server` running on threads of this
+  process;
+* processes (`processes=True`): every task is a `python -m tf_psx.server`
+  child process, which can be killed and restarted to test failures.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from tf_psx import _compat
+from tf_psx.cluster import ClusterConfig
+
+LOOPBACK = "127.0.0.1"
+# A task process imports TensorFlow (about 3 s on 2 cores) before it listens;
+# two minutes covers a machine loaded by a parallel test run.
+TASK_START_TIMEOUT_S = 120.0
+# How often we look at a starting task's port.
+TASK_POLL_S = 0.1
+# SIGTERM first so the task can exit on its own; SIGKILL after this grace.
+TASK_STOP_GRACE_S = 5.0
+# Lines of a failed task's log quoted in the error.
+LOG_TAIL_LINES = 20
+TASK_TYPES = ("worker", "ps")
+
+# In-process gRPC servers cannot be stopped in TF 2.16 (Server.stop() raises
+# "Clean shutdown is not currently implemented"). A second in-process
+# LocalCluster of the same shape therefore reuses the running servers instead
+# of leaking another set of ports and threads.
+_INPROCESS_SERVERS: dict[tuple[int, int], tuple[ClusterConfig, list[Any]]] = {}
+
+
+class TaskFailedError(RuntimeError):
+    """A LocalCluster task process exited before or while it was needed."""
+
+
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """Returns `count` distinct ports that are free on `host` right now.
+
+    All sockets stay open until every port is chosen, so the ports differ.
+    Another program can still take a port before the server binds it; that
+    window is a few milliseconds.
+    """
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def port_is_listening(port: int, host: str = LOOPBACK) -> bool:
+    """True when something accepts TCP connections on host:port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(TASK_POLL_S)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _check_count(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"Argument `{name}` must be an int >= {minimum}. Received: {value!r}. "
+            f"Fix: pass LocalCluster({name}={max(minimum, 1)}) or more."
+        )
+    return value
+
+
+class LocalCluster:
+    """A parameter-server cluster on this machine, as a context manager.
+
+    Example:
+
+    >>> import tf_psx
+    >>> with tf_psx.LocalCluster(num_workers=1, num_ps=2) as cluster:
+    ...     print(cluster.config.num_workers, cluster.config.num_ps)
+    1 2
+
+    Args:
+      num_workers: worker tasks (>= 1).
+      num_ps: parameter-server tasks (>= 1).
+      processes: run each task as a `python -m tf_psx.server` child process
+        (True) or as servers on threads of this process (False).
+      log_dir: where process tasks write `<type>-<index>.log`; a fresh
+        temporary directory when None.
+
+    Attributes:
+      config: the `ClusterConfig` of the cluster (loopback addresses).
+      resolver: a `SimpleClusterResolver` for `tf.distribute` strategies.
+
+    Known limitations:
+      * In-process servers cannot be stopped (TF 2.16 has no clean shutdown
+        of gRPC servers), so their ports stay open until the process exits.
+        A later in-process LocalCluster of the same shape reuses them. Use
+        `processes=True` when the ports must be released on exit.
+      * Like every TF gRPC server, the tasks listen on all interfaces and
+        accept any caller (docs/security.md).
+      * Create the cluster (and the strategy) before building any model in
+        the process: resources made before live on `/job:localhost`.
+    """
+
+    def __init__(
+        self,
+        num_workers: int = 2,
+        num_ps: int = 2,
+        processes: bool = False,
+        log_dir: str | None = None,
+    ):
+        self.num_workers = _check_count("num_workers", num_workers, 1)
+        self.num_ps = _check_count("num_ps", num_ps, 1)
+        self.processes = bool(processes)
+        self._log_dir_arg = log_dir
+        self.log_dir: str | None = None
+        self.config: ClusterConfig | None = None
+        self._procs: dict[tuple[str, int], subprocess.Popen] = {}
+        self._logs: dict[tuple[str, int], Any] = {}
+        self._started = False
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> "LocalCluster":
+        """Starts every task and waits until each one listens."""
+        if self._started:
+            return self
+        _compat.set_grpc_fail_fast()
+        if self.processes:
+            self._start_processes()
+        else:
+            self._start_in_process()
+        self._started = True
+        return self
+
+    def stop(self) -> None:
+        """Stops every task process and waits for it (no-op in-process)."""
+        for key in list(self._procs):
+            self._stop_task(key)
+        for handle in self._logs.values():
+            handle.close()
+        self._logs.clear()
+        self._started = False
+
+    def __enter__(self) -> "LocalCluster":
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    @property
+    def resolver(self):
+        """A `tf.distribute.cluster_resolver.SimpleClusterResolver` for the cluster."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        self._require_started("resolver")
+        return tf.distribute.cluster_resolver.SimpleClusterResolver(
+            self.config.cluster_spec(), rpc_layer="grpc"
+        )
+
+    def pid(self, task_type: str, index: int) -> int:
+        """The pid of a task process (processes=True only)."""
+        return self._proc(task_type, index).pid
+
+    def kill(self, task_type: str, index: int) -> None:
+        """Kills a task process with SIGKILL and waits until it is gone.
+
+        Args:
+          task_type: "worker" or "ps".
+          index: the task index.
+        """
+        proc = self._proc(task_type, index)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    def restart(self, task_type: str, index: int) -> None:
+        """Restarts a task process on its old port and waits until it listens."""
+        key = self._key(task_type, index)
+        self._require_processes("restart")
+        self._stop_task(key)
+        self._spawn(key)
+        self._wait_ready([key])
+
+    def alive(self, task_type: str, index: int) -> bool:
+        """True when the task process is running."""
+        return self._proc(task_type, index).poll() is None
+
+    def log_path(self, task_type: str, index: int) -> str:
+        """The log file of a task process."""
+        self._require_processes("log_path")
+        return os.path.join(self.log_dir, f"{task_type}-{index}.log")
+
+    # -- in-process --------------------------------------------------------
+
+    def _start_in_process(self) -> None:
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        from tf_psx.server import server_config  # pylint: disable=import-outside-toplevel
+
+        shape = (self.num_workers, self.num_ps)
+        if shape in _INPROCESS_SERVERS:
+            self.config = _INPROCESS_SERVERS[shape][0]
+            return
+        ports = free_ports(self.num_workers + self.num_ps)
+        self.config = ClusterConfig(
+            workers=[f"{LOOPBACK}:{p}" for p in ports[: self.num_workers]],
+            ps=[f"{LOOPBACK}:{p}" for p in ports[self.num_workers :]],
+        )
+        spec = self.config.cluster_spec()
+        servers = []
+        for task_type, count in (("worker", self.num_workers), ("ps", self.num_ps)):
+            for index in range(count):
+                servers.append(
+                    tf.distribute.Server(
+                        spec,
+                        job_name=task_type,
+                        task_index=index,
+                        config=server_config(task_type, self.num_workers),
+                        protocol="grpc",
+                        start=True,
+                    )
+                )
+        _INPROCESS_SERVERS[shape] = (self.config, servers)
+
+    # -- processes ---------------------------------------------------------
+
+    def _start_processes(self) -> None:
+        self.log_dir = self._log_dir_arg or tempfile.mkdtemp(prefix="tf_psx_cluster_")
+        os.makedirs(self.log_dir, exist_ok=True)
+        ports = free_ports(self.num_workers + self.num_ps)
+        self.config = ClusterConfig(
+            workers=[f"{LOOPBACK}:{p}" for p in ports[: self.num_workers]],
+            ps=[f"{LOOPBACK}:{p}" for p in ports[self.num_workers :]],
+        )
+        keys = [("ps", i) for i in range(self.num_ps)]
+        keys += [("worker", i) for i in range(self.num_workers)]
+        for key in keys:
+            self._spawn(key)
+        self._wait_ready(keys)
+
+    def _spawn(self, key: tuple[str, int]) -> None:
+        task_type, index = key
+        env = dict(os.environ)
+        env["TF_CONFIG"] = self.config.to_json(task_type, index)
+        env[_compat.GRPC_FAIL_FAST_ENV] = _compat.GRPC_FAIL_FAST_VALUE
+        # Keep the task's TF quiet and on the CPU; the chief owns any GPU.
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        env.setdefault("CUDA_VISIBLE_DEVICES", "")
+        old = self._logs.pop(key, None)
+        if old is not None:
+            old.close()
+        log = open(self.log_path(task_type, index), "ab")  # pylint: disable=consider-using-with
+        self._logs[key] = log
+        self._procs[key] = subprocess.Popen(  # pylint: disable=consider-using-with
+            [sys.executable, "-m", "tf_psx.server"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            # A Ctrl-C in a notebook or terminal must not kill the tasks
+            # behind the chief's back; stop() ends them.
+            start_new_session=True,
+        )
+
+    def _wait_ready(self, keys: list[tuple[str, int]]) -> None:
+        deadline = time.monotonic() + TASK_START_TIMEOUT_S
+        pending = list(keys)
+        while pending:
+            for key in list(pending):
+                proc = self._procs[key]
+                if proc.poll() is not None:
+                    raise TaskFailedError(self._failure_message(key, "exited while starting"))
+                if port_is_listening(self._port(key)):
+                    pending.remove(key)
+            if pending and time.monotonic() > deadline:
+                raise TaskFailedError(
+                    self._failure_message(pending[0], f"did not listen within {TASK_START_TIMEOUT_S:.0f} s")
+                )
+            if pending:
+                time.sleep(TASK_POLL_S)
+
+    def _failure_message(self, key: tuple[str, int], what: str) -> str:
+        task_type, index = key
+        path = self.log_path(task_type, index)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                tail = "".join(handle.readlines()[-LOG_TAIL_LINES:])
+        except OSError:
+            tail = "(no log)"
+        code = self._procs[key].poll()
+        return (
+            f"LocalCluster task {task_type}:{index} {what} (exit status {code}); "
+            f"its log is {path}. Last lines:\n{tail}"
+        )
+
+    def _stop_task(self, key: tuple[str, int]) -> None:
+        proc = self._procs.get(key)
+        if proc is None or proc.poll() is not None:
+            if proc is not None:
+                proc.wait()
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=TASK_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    # -- helpers -----------------------------------------------------------
+
+    def _port(self, key: tuple[str, int]) -> int:
+        task_type, index = key
+        addresses = self.config.workers if task_type == "worker" else self.config.ps
+        return int(addresses[index].rsplit(":", 1)[1])
+
+    def _key(self, task_type: str, index: int) -> tuple[str, int]:
+        if task_type not in TASK_TYPES:
+            raise ValueError(
+                f"Argument `task_type` must be one of {list(TASK_TYPES)}. Received: {task_type!r}."
+            )
+        count = self.num_workers if task_type == "worker" else self.num_ps
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+            raise ValueError(
+                f"Argument `index` for {task_type!r} must be an int in [0, {count}). Received: {index!r}."
+            )
+        return task_type, index
+
+    def _proc(self, task_type: str, index: int) -> subprocess.Popen:
+        self._require_processes("kill/restart/alive/pid")
+        key = self._key(task_type, index)
+        self._require_started(f"{task_type}:{index}")
+        return self._procs[key]
+
+    def _require_processes(self, what: str) -> None:
+        if not self.processes:
+            raise RuntimeError(
+                f"LocalCluster.{what} needs task processes. Fix: LocalCluster(..., processes=True)."
+            )
+
+    def _require_started(self, what: str) -> None:
+        if self.config is None:
+            raise RuntimeError(
+                f"LocalCluster {what} is not available before the cluster starts. "
+                "Fix: use `with LocalCluster(...) as cluster:` or call cluster.start()."
+            )
+
+    def __repr__(self) -> str:
+        mode = "processes" if self.processes else "in-process"
+        return f"LocalCluster(num_workers={self.num_workers}, num_ps={self.num_ps}, {mode})"

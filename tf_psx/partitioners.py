@@ -1,0 +1,252 @@
+"""Variable partitioners for `ParameterServerStrategy`, and their spec strings.
+
+A partitioner is called by the strategy for every variable created under its
+scope, as `partitioner(shape, dtype)`, and returns the number of shards along
+each axis (only axis 0 may be split). Rows are placed in contiguous ranges
+("div" placement), as `tf.distribute` does.
+
+Spec strings (for `ParameterServerStrategy(partitioner=...)` and the CLI):
+
+| spec | partitioner |
+|---|---|
+| `fixed:N` | `FixedShardsPartitioner(N)` |
+| `max_ids:N` | `MaxIDPartitioner(N)` |
+| `per_ps` or `per_ps:K` | `PerPSPartitioner(K)` (K shards per ps, default 1) |
+| `min_size:256k` | TF's `MinSizePartitioner(min_shard_bytes=256 KiB)` |
+| `max_size:64m` | TF's `MaxSizePartitioner(max_shard_bytes=64 MiB)` |
+
+None of them splits a variable into more shards than it has rows.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = [
+    "FixedShardsPartitioner",
+    "MaxIDPartitioner",
+    "PerPSPartitioner",
+    "MinSizePartitioner",
+    "MaxSizePartitioner",
+    "from_spec",
+    "SPEC_FORMS",
+]
+
+# The forms `from_spec` accepts, quoted in its errors.
+SPEC_FORMS = ("fixed:N", "max_ids:N", "per_ps[:K]", "min_size:SIZE", "max_size:SIZE")
+# Size suffixes for min_size/max_size, powers of 1024 as TF's docs use them.
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
+
+
+def _positive_int(name: str, value: Any, owner: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"Argument `{name}` of {owner} must be an int >= 1. Received: {value!r}. "
+            f"Fix: pass {owner}({name}=2), for example."
+        )
+    return value
+
+
+def _rows(shape) -> int:
+    """Rows of a variable (axis 0); a scalar counts as one row."""
+    dims = list(shape)
+    return int(dims[0]) if dims and dims[0] is not None else 1
+
+
+def _partitions(shape, shards: int) -> list[int]:
+    dims = list(shape)
+    if not dims:
+        return []
+    return [max(1, min(shards, _rows(shape)))] + [1] * (len(dims) - 1)
+
+
+class _Partitioner:
+    """Private base: subclasses give `_num_shards(shape, dtype)`."""
+
+    def __call__(self, shape, dtype, axis: int = 0) -> list[int]:
+        del axis
+        return _partitions(shape, self._num_shards(shape, dtype))
+
+    def _num_shards(self, shape, dtype) -> int:
+        raise NotImplementedError
+
+
+class FixedShardsPartitioner(_Partitioner):
+    """Splits every variable into `num_shards` contiguous shards.
+
+    Example:
+
+    >>> FixedShardsPartitioner(4)(shape=(1000, 8), dtype="float32")
+    [4, 1]
+    >>> FixedShardsPartitioner(4)(shape=(2,), dtype="float32")  # a tiny bias
+    [2]
+
+    Args:
+      num_shards: the shard count (>= 1); capped at the variable's row count.
+    """
+
+    def __init__(self, num_shards: int):
+        self.num_shards = _positive_int("num_shards", num_shards, "FixedShardsPartitioner")
+
+    def _num_shards(self, shape, dtype) -> int:
+        return self.num_shards
+
+    def __repr__(self) -> str:
+        return f"FixedShardsPartitioner({self.num_shards})"
+
+
+class MaxIDPartitioner(_Partitioner):
+    """ID-range sharding: no shard holds more than `max_ids_per_shard` rows.
+
+    Example:
+
+    >>> MaxIDPartitioner(1000)(shape=(2500, 16), dtype="float32")
+    [3, 1]
+
+    Args:
+      max_ids_per_shard: the most rows (ids) one shard may hold (>= 1).
+      max_shards: an optional cap on the shard count. When the cap would put
+        more than `max_ids_per_shard` rows in a shard, construction succeeds
+        but the call raises, because the bound cannot be kept.
+    """
+
+    def __init__(self, max_ids_per_shard: int, max_shards: int | None = None):
+        self.max_ids_per_shard = _positive_int("max_ids_per_shard", max_ids_per_shard, "MaxIDPartitioner")
+        self.max_shards = None if max_shards is None else _positive_int("max_shards", max_shards, "MaxIDPartitioner")
+
+    def _num_shards(self, shape, dtype) -> int:
+        rows = _rows(shape)
+        shards = -(-rows // self.max_ids_per_shard)
+        if self.max_shards is not None and shards > self.max_shards:
+            raise ValueError(
+                f"MaxIDPartitioner(max_ids_per_shard={self.max_ids_per_shard}, max_shards={self.max_shards}) "
+                f"cannot place a variable of {rows} rows: it needs {shards} shards. "
+                f"Fix: raise max_shards to {shards} or max_ids_per_shard to {-(-rows // self.max_shards)}."
+            )
+        return shards
+
+    def __repr__(self) -> str:
+        return f"MaxIDPartitioner({self.max_ids_per_shard}, max_shards={self.max_shards})"
+
+
+class PerPSPartitioner(_Partitioner):
+    """`shards_per_ps` shards for every ps task of the strategy that uses it.
+
+    `tf_psx.ParameterServerStrategy` tells the partitioner its ps count; used
+    with another strategy, call `.bind(num_ps)` first.
+
+    Example:
+
+    >>> p = PerPSPartitioner(shards_per_ps=2).bind(num_ps=3)
+    >>> p(shape=(600, 4), dtype="float32")
+    [6, 1]
+
+    Args:
+      shards_per_ps: shards per ps task (>= 1).
+    """
+
+    def __init__(self, shards_per_ps: int = 1):
+        self.shards_per_ps = _positive_int("shards_per_ps", shards_per_ps, "PerPSPartitioner")
+        self.num_ps: int | None = None
+
+    def bind(self, num_ps: int) -> "PerPSPartitioner":
+        """Sets the ps count; returns self."""
+        self.num_ps = _positive_int("num_ps", num_ps, "PerPSPartitioner.bind")
+        return self
+
+    def _num_shards(self, shape, dtype) -> int:
+        if self.num_ps is None:
+            raise ValueError(
+                "PerPSPartitioner does not know the ps count. Fix: pass it to "
+                "tf_psx.ParameterServerStrategy(partitioner=...), or call .bind(num_ps) first."
+            )
+        return self.shards_per_ps * self.num_ps
+
+    def __repr__(self) -> str:
+        return f"PerPSPartitioner(shards_per_ps={self.shards_per_ps}, num_ps={self.num_ps})"
+
+
+def _tf_partitioners():
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    return tf.distribute.experimental.partitioners
+
+
+def MinSizePartitioner(*args, **kwargs):  # pylint: disable=invalid-name
+    """TF's `tf.distribute.experimental.partitioners.MinSizePartitioner`."""
+    return _tf_partitioners().MinSizePartitioner(*args, **kwargs)
+
+
+def MaxSizePartitioner(*args, **kwargs):  # pylint: disable=invalid-name
+    """TF's `tf.distribute.experimental.partitioners.MaxSizePartitioner`."""
+    return _tf_partitioners().MaxSizePartitioner(*args, **kwargs)
+
+
+def _spec_error(spec: Any, why: str) -> ValueError:
+    return ValueError(
+        f"Partitioner spec must be one of {', '.join(SPEC_FORMS)} (SIZE like 256k or 64m); "
+        f"received {spec!r}: {why}."
+    )
+
+
+def _parse_size(spec: str, text: str) -> int:
+    match = _SIZE_RE.match(text)
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise _spec_error(spec, f"{text!r} is not a size such as 256k, 64m or 1g")
+    size = int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if size < 1:
+        raise _spec_error(spec, "the size must be >= 1 byte")
+    return size
+
+
+def _parse_int(spec: str, text: str) -> int:
+    if not re.fullmatch(r"\d+", text.strip()) or int(text) < 1:
+        raise _spec_error(spec, f"{text!r} is not an int >= 1")
+    return int(text)
+
+
+def from_spec(spec: str, num_ps: int | None = None):
+    """Builds a partitioner from a spec string.
+
+    Example:
+
+    >>> from_spec("fixed:4")
+    FixedShardsPartitioner(4)
+    >>> from_spec("max_ids:1000000")
+    MaxIDPartitioner(1000000, max_shards=None)
+    >>> from_spec("per_ps:2")
+    PerPSPartitioner(shards_per_ps=2, num_ps=None)
+
+    Args:
+      spec: one of `SPEC_FORMS`.
+      num_ps: the ps count of the strategy, when known. It binds `per_ps`
+        and caps `min_size` at one shard per ps, as TF's docs advise.
+
+    Returns:
+      A partitioner object.
+
+    Raises:
+      ValueError: for an unknown or malformed spec; the message lists the forms.
+    """
+    if not isinstance(spec, str):
+        raise _spec_error(spec, "a spec is a string")
+    kind, _, arg = spec.strip().partition(":")
+    kind = kind.lower()
+    if kind == "fixed":
+        return FixedShardsPartitioner(_parse_int(spec, arg))
+    if kind == "max_ids":
+        return MaxIDPartitioner(_parse_int(spec, arg))
+    if kind == "per_ps":
+        partitioner = PerPSPartitioner(_parse_int(spec, arg) if arg else 1)
+        return partitioner.bind(num_ps) if num_ps is not None else partitioner
+    if kind == "min_size":
+        return MinSizePartitioner(min_shard_bytes=_parse_size(spec, arg), max_shards=num_ps or _NO_SHARD_CAP)
+    if kind == "max_size":
+        return MaxSizePartitioner(max_shard_bytes=_parse_size(spec, arg), max_shards=_NO_SHARD_CAP)
+    raise _spec_error(spec, f"unknown kind {kind!r}")
+
+
+# TF's size partitioners need a shard cap; this one never binds in practice.
+_NO_SHARD_CAP = 1 << 20

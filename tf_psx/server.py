@@ -1,0 +1,94 @@
+"""`python -m tf_psx.server`: runs one ps or worker task from TF_CONFIG until stopped.
+
+The task reads its place in the cluster from the `TF_CONFIG` environment
+variable, starts a `tf.distribute.Server` and blocks. SIGTERM and SIGINT stop it
+with exit status 0; the launcher and `LocalCluster(processes=True)` rely on that.
+
+Known limitations:
+  * TensorFlow's gRPC server listens on every interface and has no
+    authentication (see docs/security.md). Run it only on trusted networks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+# Printed once the server listens; LocalCluster and the launcher wait for it.
+READY_MARK = "tf_psx.server ready"
+# Worker servers run one op thread per concurrently scheduled function plus
+# one: with fewer, 2-core machines deadlock in the first step (DESIGN.md).
+MIN_WORKER_INTER_OP_THREADS_EXTRA = 1
+# How often the main thread wakes to notice a signal while it waits.
+SIGNAL_POLL_S = 1.0
+
+
+def server_config(task_type: str, num_workers: int):
+    """Returns the ConfigProto for a task: enough inter-op threads on workers.
+
+    Args:
+      task_type: "worker" or "ps".
+      num_workers: the number of workers in the cluster.
+
+    Returns:
+      A `tf.compat.v1.ConfigProto`, or None for a ps task (TF defaults).
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    if task_type != "worker":
+        return None
+    config = tf.compat.v1.ConfigProto()
+    wanted = num_workers + MIN_WORKER_INTER_OP_THREADS_EXTRA
+    config.inter_op_parallelism_threads = max(wanted, os.cpu_count() or 1)
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Starts the task named by TF_CONFIG and blocks until it is signalled."""
+    del argv
+    from tf_psx import _compat  # pylint: disable=import-outside-toplevel
+    from tf_psx.cluster import ClusterConfig, TFConfigError  # pylint: disable=import-outside-toplevel
+
+    _compat.set_grpc_fail_fast()
+    try:
+        config = ClusterConfig.from_tf_config()
+        if config.task_type not in ("worker", "ps"):
+            raise TFConfigError(
+                f'TF_CONFIG["task"]["type"] must be "worker" or "ps" for tf_psx.server; '
+                f"received {config.task_type!r}. Fix: the chief runs your training script, "
+                "not tf_psx.server."
+            )
+    except TFConfigError as err:
+        print(f"tf_psx.server: {err}", file=sys.stderr, flush=True)
+        return 2
+
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    stop = threading.Event()
+
+    def _on_signal(signum, frame):  # pylint: disable=unused-argument
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    tf.distribute.Server(
+        config.cluster_spec(),
+        job_name=config.task_type,
+        task_index=config.task_index,
+        config=server_config(config.task_type, config.num_workers),
+        protocol="grpc",
+        start=True,
+    )
+    print(f"{READY_MARK} {config.task_type}:{config.task_index} pid={os.getpid()}", flush=True)
+    while not stop.wait(SIGNAL_POLL_S):
+        pass
+    # gRPC servers cannot be shut down cleanly in TF 2.16 ("Clean shutdown is
+    # not currently implemented"); leaving the process releases the port.
+    print(f"tf_psx.server {config.task_type}:{config.task_index} stopping", flush=True)
+    os._exit(0)  # pylint: disable=protected-access
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""Thin subclasses of TF's parameter-server and central-storage strategies.
+
+`isinstance(s, tf.distribute.ParameterServerStrategy)` holds for
+`tf_psx.ParameterServerStrategy`, so tf-keras treats it exactly as TF's own.
+What is added: the cluster may be given in more ways, partitioners may be spec
+strings, the evaluator never enters the training cluster, `.coordinator`, and
+errors that name the fix for Keras 3 and for resources made before the
+cluster was connected.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.distribute.coordinator import cluster_coordinator as _cc
+
+from tf_psx import _compat, partitioners as _partitioners
+from tf_psx.cluster import ClusterConfig, TFConfigError
+from tf_psx.local import LocalCluster
+
+__all__ = ["ParameterServerStrategy", "CentralStorageStrategy", "auto_strategy", "LocalResourcesError"]
+
+logger = logging.getLogger("tf_psx")
+
+# The TF error text when a resource was made on /job:localhost before this
+# process connected to a cluster (measured with TFRA tables, TF 2.16.2).
+_LOCALHOST_DEVICE_MARK = "/job:localhost"
+_UNKNOWN_DEVICE_MARK = "nknown device"
+LOCAL_RESOURCES_FIX = (
+    "A model, variable or TFRA table was created in this process before it connected to the "
+    "cluster, so it lives on /job:localhost, which the cluster does not know. Fix: create the "
+    "LocalCluster and the strategy before building any model (in a notebook: restart the kernel, "
+    "then run the cluster cell first)."
+)
+
+
+# Tasks that run a server, never the training script.
+_SERVER_TASKS = ("worker", "ps")
+
+
+class LocalResourcesError(RuntimeError):
+    """A resource made before the cluster connection was used on the cluster."""
+
+
+def _is_localhost_device_error(err: BaseException) -> bool:
+    text = str(err)
+    return _LOCALHOST_DEVICE_MARK in text and _UNKNOWN_DEVICE_MARK in text
+
+
+class _Coordinator(_cc.ClusterCoordinator):
+    """ClusterCoordinator that turns the /job:localhost failure into advice."""
+
+    def join(self):
+        try:
+            return super().join()
+        except Exception as err:  # pylint: disable=broad-except
+            if _is_localhost_device_error(err):
+                raise LocalResourcesError(LOCAL_RESOURCES_FIX) from err
+            raise
+
+    def fetch(self, val):
+        try:
+            return super().fetch(val)
+        except Exception as err:  # pylint: disable=broad-except
+            if _is_localhost_device_error(err):
+                raise LocalResourcesError(LOCAL_RESOURCES_FIX) from err
+            raise
+
+
+def _resolver_from(cluster: Any):
+    """Returns (resolver, ClusterConfig or None) for every accepted `cluster`."""
+    resolvers = tf.distribute.cluster_resolver
+    if cluster is None or isinstance(cluster, (str, dict)):
+        cluster = ClusterConfig.from_tf_config(cluster)
+    if isinstance(cluster, LocalCluster):
+        cluster.start()
+        cluster = cluster.config
+    if isinstance(cluster, ClusterConfig):
+        cluster.validate_for_parameter_server()
+        if cluster.task_type in _SERVER_TASKS:
+            raise TFConfigError(
+                f'TF_CONFIG["task"]["type"] must be "chief" (or absent) in the process that builds '
+                f'the strategy; this task is "{cluster.task_type}". Fix: run `python -m tf_psx.server` '
+                "for ps and worker tasks (or use `tf-psx launch`); only the chief runs the training script."
+            )
+        # The resolver is built from our spec, never from TF_CONFIG directly:
+        # ours leaves the evaluator out (tensorflow#46169: it hangs the
+        # coordinator when it is in the training cluster).
+        # The coordinator is the chief; with no chief in the spec TF adds one
+        # on a free local port, so task_type stays unset.
+        in_spec = cluster.task_type in ("chief", "worker", "ps")
+        resolver = resolvers.SimpleClusterResolver(
+            cluster.cluster_spec(),
+            task_type=cluster.task_type if in_spec else None,
+            task_id=cluster.task_index if in_spec else None,
+            rpc_layer="grpc",
+        )
+        return resolver, cluster
+    if isinstance(cluster, resolvers.ClusterResolver):
+        return cluster, None
+    raise TypeError(
+        "Argument `cluster` must be None (read TF_CONFIG), a tf_psx.ClusterConfig, a "
+        f"tf_psx.LocalCluster or a tf.distribute.cluster_resolver.ClusterResolver. Received: {cluster!r}."
+    )
+
+
+def _check_resolver(resolver) -> None:
+    jobs = resolver.cluster_spec().as_dict()
+    for job in ("worker", "ps"):
+        if not jobs.get(job):
+            raise TFConfigError(
+                f'The cluster must have at least one "{job}" task for parameter-server training; '
+                f"received jobs {sorted(jobs)}. Fix: add {job} addresses to the cluster."
+            )
+    if "evaluator" in jobs:
+        raise TFConfigError(
+            'The training cluster must not contain "evaluator" (it hangs the coordinator, '
+            f"tensorflow#46169); received jobs {sorted(jobs)}. Fix: pass a tf_psx.ClusterConfig, "
+            "which keeps the evaluator out."
+        )
+
+
+def _partitioner_from(partitioner: Any, num_ps: int):
+    if partitioner is None or callable(partitioner) and not isinstance(partitioner, str):
+        if isinstance(partitioner, _partitioners.PerPSPartitioner) and partitioner.num_ps is None:
+            partitioner.bind(num_ps)
+        return partitioner
+    if isinstance(partitioner, str):
+        return _partitioners.from_spec(partitioner, num_ps=num_ps)
+    raise TypeError(
+        "Argument `partitioner` must be None, a partitioner object or a spec string such as "
+        f"{', '.join(_partitioners.SPEC_FORMS)}. Received: {partitioner!r}."
+    )
+
+
+class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
+    """TF's ParameterServerStrategy, with friendlier inputs.
+
+    Example (see examples/quickstart.py for a whole run):
+
+    >>> import tf_psx, tensorflow as tf
+    >>> cluster = tf_psx.LocalCluster(num_workers=1, num_ps=1)   # doctest: +SKIP
+    >>> strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2")  # doctest: +SKIP
+    >>> with strategy.scope():                                   # doctest: +SKIP
+    ...     model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+    ...     model.compile("adagrad", "mse", steps_per_execution=8)
+
+    Args:
+      cluster: None (read `TF_CONFIG`), a TF_CONFIG dict or JSON string, a `tf_psx.ClusterConfig`, a
+        `tf_psx.LocalCluster` (started if needed) or a TF `ClusterResolver`.
+      partitioner: None (no sharding), a partitioner object, or a spec string
+        (`tf_psx.partitioners.SPEC_FORMS`, e.g. "fixed:4", "min_size:256k").
+      **tf_kwargs: passed to TF's constructor.
+
+    Raises:
+      TFConfigError: the cluster has no worker or no ps, or TF_CONFIG is bad.
+      ValueError: a malformed partitioner spec.
+
+    Known limitations:
+      * Needs tf-keras (Keras 2) for `model.fit`; Keras 3 models get a
+        `Keras3Error` that names the fix.
+      * Resources made before the strategy connects to the cluster live on
+        `/job:localhost` and cannot be used on it (`LocalResourcesError`).
+    """
+
+    def __init__(self, cluster: Any = None, partitioner: Any = None, **tf_kwargs):
+        resolver, config = _resolver_from(cluster)
+        _check_resolver(resolver)
+        self.cluster_config = config
+        num_ps = len(resolver.cluster_spec().as_dict()["ps"])
+        variable_partitioner = _partitioner_from(partitioner, num_ps)
+        _compat.set_grpc_fail_fast()
+        super().__init__(resolver, variable_partitioner=variable_partitioner, **tf_kwargs)
+
+    @property
+    def coordinator(self) -> tf.distribute.experimental.coordinator.ClusterCoordinator:
+        """The strategy's ClusterCoordinator, created on first use and then reused."""
+        if self._cluster_coordinator is None:
+            _Coordinator(self)
+        return self._cluster_coordinator
+
+    def scope(self):
+        # TF creates a plain ClusterCoordinator when the scope is entered
+        # (ParameterServerStrategyV2Extended._resource_creator_scope); making
+        # ours first means tf-keras picks up the same one.
+        self.coordinator  # pylint: disable=pointless-statement
+        return super().scope()
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        _raise_if_keras3_caller()
+        return super().experimental_distribute_dataset(dataset, options)
+
+    def distribute_datasets_from_function(self, dataset_fn, options=None):
+        _raise_if_keras3_caller()
+        return super().distribute_datasets_from_function(dataset_fn, options)
+
+    @staticmethod
+    def check_model(model) -> None:
+        """Raises `Keras3Error` when `model` is a Keras 3 model (not tf-keras)."""
+        _compat.check_not_keras3(model)
+
+
+def _raise_if_keras3_caller() -> None:
+    caller = _compat.keras3_caller()
+    if caller is not None:
+        raise _compat.Keras3Error(
+            f"Keras 3 ({caller}) called model.fit under tf_psx.ParameterServerStrategy. "
+            + _compat.KERAS3_FIX
+        )
+
+
+def _local_gpus() -> list[str]:
+    return [d.name for d in tf.config.list_logical_devices("GPU")]
+
+
+class CentralStorageStrategy(tf.distribute.experimental.CentralStorageStrategy):
+    """TF's experimental CentralStorageStrategy, on the GPUs when there are any.
+
+    Variables live on `parameter_device`; each compute device runs a replica
+    and the gradients are summed before the update, so one step with global
+    batch B equals a single-device step with batch B.
+
+    Example:
+
+    >>> import tf_psx
+    >>> strategy = tf_psx.CentralStorageStrategy()
+    >>> strategy.num_replicas_in_sync >= 1
+    True
+
+    Args:
+      compute_devices: device names; all local GPUs, or the CPU when there
+        are none, when None.
+      parameter_device: where variables live; the CPU when there are several
+        compute devices, else the single compute device (TF's default).
+    """
+
+    def __init__(self, compute_devices: list[str] | None = None, parameter_device: str | None = None):
+        if compute_devices is None:
+            compute_devices = _local_gpus() or ["/device:CPU:0"]
+        if isinstance(compute_devices, str) or not list(compute_devices):
+            raise ValueError(
+                "Argument `compute_devices` must be a non-empty list of device names such as "
+                f'["/gpu:0", "/gpu:1"]. Received: {compute_devices!r}.'
+            )
+        super().__init__(compute_devices=list(compute_devices), parameter_device=parameter_device)
+
+
+def auto_strategy(tf_config: Any = None) -> tf.distribute.Strategy:
+    """Picks a strategy from the environment, and logs which and why.
+
+    * a TF_CONFIG with ps tasks: `tf_psx.ParameterServerStrategy`;
+    * else two or more GPUs: `tf_psx.CentralStorageStrategy`;
+    * else the default strategy.
+
+    Example:
+
+    >>> import tf_psx
+    >>> tf_psx.auto_strategy(tf_config="")  # no TF_CONFIG, no GPUs here  # doctest: +ELLIPSIS
+    <tensorflow.python.distribute.distribute_lib._DefaultDistributionStrategy object at ...>
+
+    Args:
+      tf_config: a TF_CONFIG value (dict or JSON); the environment's when None;
+        an empty string means "no TF_CONFIG".
+
+    Returns:
+      A `tf.distribute.Strategy`.
+    """
+    import os  # pylint: disable=import-outside-toplevel
+
+    raw = os.environ.get("TF_CONFIG", "") if tf_config is None else tf_config
+    if raw:
+        config = ClusterConfig.from_tf_config(raw)
+        if config.num_ps > 0:
+            logger.info("auto_strategy: TF_CONFIG has %d ps task(s): ParameterServerStrategy", config.num_ps)
+            return ParameterServerStrategy(config)
+        logger.info("auto_strategy: TF_CONFIG has no ps task; looking at local devices")
+    gpus = _local_gpus()
+    if len(gpus) >= 2:
+        logger.info("auto_strategy: %d GPUs and no ps: CentralStorageStrategy", len(gpus))
+        return CentralStorageStrategy(gpus)
+    logger.info("auto_strategy: no ps task and %d GPU(s): the default strategy", len(gpus))
+    return tf.distribute.get_strategy()
