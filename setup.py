@@ -9,6 +9,8 @@ INSTALL_REQUIRES = [
     "tensorflow-recommenders-addons==0.8.1",
     "numpy<2",
     "pyyaml>=6",
+    # TFRA 0.8.1 imports pkg_resources, which setuptools 80+ no longer ships.
+    "setuptools<80",
 ]
 
 EXTRAS_REQUIRE = {

@@ -107,6 +107,29 @@ def tfra_loaded() -> bool:
     return "tensorflow_recommenders_addons" in sys.modules
 
 
+def live_tfra_variables() -> int:
+    """Counts the TFRA dynamic-embedding variables alive in this process.
+
+    TFRA 0.8.1 tables built before the process connects to a cluster keep
+    state on /job:localhost; a model built on the cluster afterwards fails
+    every step with "/job:localhost/... unknown device", and
+    ClusterCoordinator takes that for a worker failure and retries forever
+    (measured: TF 2.16.2, TFRA 0.8.1, even after `del model; gc.collect()`,
+    since TFRA keeps the variables alive). Counting the live variables is the
+    reliable sign we found; it walks the GC's objects (about 40 ms for 360k
+    objects), so it is only done once, before connecting.
+    """
+    if not tfra_loaded():
+        return 0
+    import gc  # pylint: disable=import-outside-toplevel
+
+    from tensorflow_recommenders_addons.dynamic_embedding.python.ops import (  # pylint: disable=import-outside-toplevel
+        dynamic_embedding_variable as de_variable,
+    )
+
+    return sum(1 for obj in gc.get_objects() if isinstance(obj, de_variable.Variable))
+
+
 def eager_context_initialized() -> bool:
     """True when this process already ran TF ops eagerly (private: context handle)."""
     from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel

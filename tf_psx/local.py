@@ -129,6 +129,9 @@ class LocalCluster:
         self.config: ClusterConfig | None = None
         self._procs: dict[tuple[str, int], subprocess.Popen] = {}
         self._logs: dict[tuple[str, int], Any] = {}
+        # Where each task's log stood when it was (re)started: its ready mark
+        # must come after that.
+        self._log_offsets: dict[tuple[str, int], int] = {}
         self._started = False
 
     # -- lifecycle ---------------------------------------------------------
@@ -268,6 +271,7 @@ class LocalCluster:
             old.close()
         log = open(self.log_path(task_type, index), "ab")  # pylint: disable=consider-using-with
         self._logs[key] = log
+        self._log_offsets[key] = log.tell()
         self._procs[key] = subprocess.Popen(  # pylint: disable=consider-using-with
             [sys.executable, "-m", "tf_psx.server"],
             env=env,
@@ -287,7 +291,7 @@ class LocalCluster:
                 proc = self._procs[key]
                 if proc.poll() is not None:
                     raise TaskFailedError(self._failure_message(key, "exited while starting"))
-                if port_is_listening(self._port(key)):
+                if self._logged_ready(key):
                     pending.remove(key)
             if pending and time.monotonic() > deadline:
                 raise TaskFailedError(
@@ -295,6 +299,16 @@ class LocalCluster:
                 )
             if pending:
                 time.sleep(TASK_POLL_S)
+
+    def _logged_ready(self, key: tuple[str, int]) -> bool:
+        # The task prints READY_MARK once its server listens. Waiting for the
+        # mark, not for the port, keeps another program that holds the port
+        # from passing for the task.
+        from tf_psx.server import READY_MARK  # pylint: disable=import-outside-toplevel
+
+        with open(self.log_path(*key), "rb") as handle:
+            handle.seek(self._log_offsets[key])
+            return READY_MARK.encode() in handle.read()
 
     def _failure_message(self, key: tuple[str, int], what: str) -> str:
         task_type, index = key

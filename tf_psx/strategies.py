@@ -24,10 +24,6 @@ __all__ = ["ParameterServerStrategy", "CentralStorageStrategy", "auto_strategy",
 
 logger = logging.getLogger("tf_psx")
 
-# The TF error text when a resource was made on /job:localhost before this
-# process connected to a cluster (measured with TFRA tables, TF 2.16.2).
-_LOCALHOST_DEVICE_MARK = "/job:localhost"
-_UNKNOWN_DEVICE_MARK = "nknown device"
 LOCAL_RESOURCES_FIX = (
     "A model, variable or TFRA table was created in this process before it connected to the "
     "cluster, so it lives on /job:localhost, which the cluster does not know. Fix: create the "
@@ -41,32 +37,7 @@ _SERVER_TASKS = ("worker", "ps")
 
 
 class LocalResourcesError(RuntimeError):
-    """A resource made before the cluster connection was used on the cluster."""
-
-
-def _is_localhost_device_error(err: BaseException) -> bool:
-    text = str(err)
-    return _LOCALHOST_DEVICE_MARK in text and _UNKNOWN_DEVICE_MARK in text
-
-
-class _Coordinator(_cc.ClusterCoordinator):
-    """ClusterCoordinator that turns the /job:localhost failure into advice."""
-
-    def join(self):
-        try:
-            return super().join()
-        except Exception as err:  # pylint: disable=broad-except
-            if _is_localhost_device_error(err):
-                raise LocalResourcesError(LOCAL_RESOURCES_FIX) from err
-            raise
-
-    def fetch(self, val):
-        try:
-            return super().fetch(val)
-        except Exception as err:  # pylint: disable=broad-except
-            if _is_localhost_device_error(err):
-                raise LocalResourcesError(LOCAL_RESOURCES_FIX) from err
-            raise
+    """Resources made before the cluster connection would break the cluster's steps."""
 
 
 def _resolver_from(cluster: Any):
@@ -171,22 +142,16 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         self.cluster_config = config
         num_ps = len(resolver.cluster_spec().as_dict()["ps"])
         variable_partitioner = _partitioner_from(partitioner, num_ps)
+        _check_no_local_tables()
         _compat.set_grpc_fail_fast()
         super().__init__(resolver, variable_partitioner=variable_partitioner, **tf_kwargs)
 
     @property
     def coordinator(self) -> tf.distribute.experimental.coordinator.ClusterCoordinator:
         """The strategy's ClusterCoordinator, created on first use and then reused."""
-        if self._cluster_coordinator is None:
-            _Coordinator(self)
-        return self._cluster_coordinator
-
-    def scope(self):
-        # TF creates a plain ClusterCoordinator when the scope is entered
-        # (ParameterServerStrategyV2Extended._resource_creator_scope); making
-        # ours first means tf-keras picks up the same one.
-        self.coordinator  # pylint: disable=pointless-statement
-        return super().scope()
+        # ClusterCoordinator keeps one instance per strategy (its __new__),
+        # so this is the same object tf-keras's fit uses.
+        return _cc.ClusterCoordinator(self)
 
     def experimental_distribute_dataset(self, dataset, options=None):
         _raise_if_keras3_caller()
@@ -200,6 +165,17 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
     def check_model(model) -> None:
         """Raises `Keras3Error` when `model` is a Keras 3 model (not tf-keras)."""
         _compat.check_not_keras3(model)
+
+
+def _check_no_local_tables() -> None:
+    if _compat.connected_to_cluster():
+        return  # tables made since then were made for the cluster
+    count = _compat.live_tfra_variables()
+    if count:
+        raise LocalResourcesError(
+            f"{count} TFRA dynamic-embedding variable(s) already exist in this process. "
+            + LOCAL_RESOURCES_FIX
+        )
 
 
 def _raise_if_keras3_caller() -> None:

@@ -1,0 +1,113 @@
+"""LocalCluster: argument checks (tier a) and real task processes (tier c)."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+import tf_psx
+from tf_psx.local import port_is_listening
+
+from conftest import run_script
+
+
+def _ports(config: tf_psx.ClusterConfig) -> list[int]:
+    return [int(a.rsplit(":", 1)[1]) for a in config.workers + config.ps]
+
+
+def _listening(ports: list[int]) -> list[int]:
+    listening = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    return sorted(set(ports) & listening)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"num_workers": 0}, r"`num_workers` must be an int >= 1\. Received: 0"),
+    ({"num_ps": -1}, r"`num_ps` must be an int >= 1\. Received: -1"),
+    ({"num_workers": "2"}, r"`num_workers` must be an int >= 1\. Received: '2'"),
+])
+def test_bad_sizes_are_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tf_psx.LocalCluster(**kwargs)
+
+
+def test_process_controls_need_processes():
+    with pytest.raises(RuntimeError, match=r"needs task processes.*processes=True"):
+        tf_psx.LocalCluster(1, 1).kill("worker", 0)
+
+
+def test_in_process_cluster_sets_grpc_fail_fast_and_reuses_servers(local_cluster, monkeypatch):
+    import os
+
+    assert os.environ["GRPC_FAIL_FAST"] == "use_caller"
+    again = tf_psx.LocalCluster(num_workers=local_cluster.num_workers, num_ps=local_cluster.num_ps)
+    with again:
+        # Same shape: the running servers are reused, so no new ports leak.
+        assert again.config == local_cluster.config
+    assert all(port_is_listening(p) for p in _ports(local_cluster.config))
+
+
+def test_in_process_worker_threads_cover_the_workers():
+    from tf_psx.server import server_config
+
+    for workers in (1, 2, 5):
+        assert server_config("worker", workers).inter_op_parallelism_threads >= workers + 1
+    assert server_config("ps", 3) is None
+
+
+@pytest.mark.processes
+def test_process_cluster_kill_restart_and_clean_exit_on_error():
+    with pytest.raises(RuntimeError, match="body failed"):
+        with tf_psx.LocalCluster(num_workers=1, num_ps=1, processes=True) as cluster:
+            ports = _ports(cluster.config)
+            pids = [cluster.pid("worker", 0), cluster.pid("ps", 0)]
+            assert _listening(ports) == sorted(ports)
+            assert cluster.config.to_json("ps", 0)  # the config is a real ClusterConfig
+
+            cluster.kill("worker", 0)
+            assert not cluster.alive("worker", 0)
+            assert not psutil.pid_exists(pids[0])
+            cluster.restart("worker", 0)
+            assert cluster.alive("worker", 0)
+            pids.append(cluster.pid("worker", 0))
+            assert pids[-1] != pids[0]
+            assert port_is_listening(ports[0])
+            raise RuntimeError("body failed")
+    assert not any(psutil.pid_exists(pid) for pid in pids)
+    assert _listening(ports) == []
+
+
+@pytest.mark.processes
+def test_task_whose_port_is_taken_fails_and_names_its_log(tmp_path, monkeypatch):
+    # Another program grabs the ps port between the pick and the bind. The ps
+    # cannot listen, and the error must say which task and where its log is,
+    # not mistake the other program for the task.
+    import socket
+
+    thief = socket.socket()
+    thief.bind(("0.0.0.0", 0))
+    thief.listen()
+    taken = thief.getsockname()[1]
+    real_free_ports = tf_psx.local.free_ports
+    monkeypatch.setattr(tf_psx.local, "free_ports", lambda n: real_free_ports(n - 1) + [taken])
+    try:
+        with pytest.raises(tf_psx.local.TaskFailedError, match=r"task ps:0 exited while starting.*its log is .*ps-0\.log"):
+            with tf_psx.LocalCluster(num_workers=1, num_ps=1, processes=True, log_dir=str(tmp_path)) as cluster:
+                pass
+    finally:
+        thief.close()
+    assert not list(psutil.Process().children())
+
+
+@pytest.mark.processes
+def test_fit_survives_a_worker_killed_mid_fit():
+    result = run_script("fit_with_worker_kill.py")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "worker 1 killed at batch" in result.stdout
+    assert "all steps done" in result.stdout
+
+
+@pytest.mark.processes
+def test_model_built_before_the_cluster_gets_clear_error():
+    result = run_script("local_resources_then_cluster.py")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "clear error:" in result.stdout
