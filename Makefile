@@ -1,0 +1,35 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+# Written after a successful install; a newer setup.py triggers a reinstall.
+STAMP := $(VENV)/.tf_psx-installed
+
+.PHONY: install demo test test-fast bench docs clean
+
+install: $(STAMP)
+
+$(STAMP): setup.py
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; tf_psx needs Python 3.11 (TFRA 0.8.1 has wheels only up to cp311). Install it or run make PYTHON=/path/to/python3.11." >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { echo "error: $(PYTHON) is not Python 3.11; tf_psx needs Python 3.11. Run make PYTHON=/path/to/python3.11." >&2; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/python examples/quickstart.py
+
+test: install
+	$(BIN)/python -m pytest
+
+# Everything but the real multi-process tests.
+test-fast: install
+	$(BIN)/python -m pytest -m "not processes"
+
+bench: install
+	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/report.py
+
+clean:
+	rm -rf $(VENV) *.egg-info site .pytest_cache
