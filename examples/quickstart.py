@@ -22,10 +22,10 @@ import tensorflow as tf
 
 from tf_psx.data import roc_auc, synthetic_ctr
 
-# Fields and ids per field of the synthetic data; the table has 8 x 10,000 rows.
+# Fields and ids per field of the synthetic data; the table has 8 x 2,000 rows.
 NUM_FIELDS = 8
-VOCAB_SIZE = 10_000
-NUM_EXAMPLES = 120_000
+VOCAB_SIZE = 2_000
+NUM_EXAMPLES = 200_000
 HOLDOUT_FRACTION = 0.2
 BATCH_SIZE = 512
 EMBED_DIM = 8
@@ -44,7 +44,7 @@ def build_model(num_rows: int) -> tf.keras.Model:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=600, help="training steps in all")
+    parser.add_argument("--steps", type=int, default=2400, help="training steps in all")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--processes", action="store_true", help="run tasks as processes")
     args = parser.parse_args(argv)
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             model = build_model(data.num_rows)
             # Adagrad's cost per step follows the rows touched (DESIGN.md).
             model.compile(
-                tf.keras.optimizers.Adagrad(0.1), "binary_crossentropy", steps_per_execution=10
+                tf.keras.optimizers.Adagrad(0.05), "binary_crossentropy", steps_per_execution=10
             )
 
         def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
