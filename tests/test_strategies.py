@@ -84,20 +84,29 @@ def test_fit_trains_and_shards_embedding_on_ps(ps_strategy):
     assert not np.allclose(_dense(emb), before), "fit did not change the embedding"
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adagrad"])
+OPTIMIZERS = {
+    "sgd": lambda: tf.keras.optimizers.SGD(0.1),
+    "adam": lambda: tf.keras.optimizers.Adam(0.01),
+    "adagrad": lambda: tf.keras.optimizers.Adagrad(0.1),
+    "lazy_adam": lambda: tf_psx.optimizers.LazyAdam(0.01),
+    "psx_sgd_momentum": lambda: tf_psx.optimizers.SGD(0.1, momentum=0.9),
+}
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_one_worker_equals_no_strategy(ps_strategy, optimizer):
     # With one worker the coordinator runs the steps one after another, in
     # order, so every update must equal the single-process update: same
     # initial weights, same batches, same optimizer.
     tf.keras.utils.set_random_seed(1)
     reference = _model()
-    reference.compile(optimizer, "binary_crossentropy")
+    reference.compile(OPTIMIZERS[optimizer](), "binary_crossentropy")
     initial = reference.get_weights()
     reference.fit(_dataset(), epochs=1, verbose=0, shuffle=False)
 
     with ps_strategy.scope():
         model = _model()
-        model.compile(optimizer, "binary_crossentropy")
+        model.compile(OPTIMIZERS[optimizer](), "binary_crossentropy")
     for var, value in zip(_variables(model), initial):
         var.assign(value)
     model.fit(

@@ -25,7 +25,7 @@ _EXPORTS = {
     "LocalResourcesError": "tf_psx.strategies",
     "Keras3Error": "tf_psx._compat",
 }
-_SUBMODULES = ("partitioners", "data", "cluster", "local", "strategies")
+_SUBMODULES = ("partitioners", "data", "cluster", "local", "strategies", "optimizers", "layers")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
