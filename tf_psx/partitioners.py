@@ -20,8 +20,11 @@ None of them splits a variable into more shards than it has rows.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
+
+import numpy as np
 
 __all__ = [
     "FixedShardsPartitioner",
@@ -31,6 +34,9 @@ __all__ = [
     "MaxSizePartitioner",
     "from_spec",
     "SPEC_FORMS",
+    "ShardLoad",
+    "shard_load",
+    "div_shard_of",
 ]
 
 # The forms `from_spec` accepts, quoted in its errors.
@@ -250,3 +256,130 @@ def from_spec(spec: str, num_ps: int | None = None):
 
 # TF's size partitioners need a shard cap; this one never binds in practice.
 _NO_SHARD_CAP = 1 << 20
+
+
+# -- hot-spot analysis ---------------------------------------------------------
+
+PLACEMENTS = ("div", "mod")
+
+
+def div_shard_of(rows: np.ndarray, num_rows: int, num_shards: int) -> np.ndarray:
+    """The shard of each row under TF's contiguous ("div") placement.
+
+    The first `num_rows % num_shards` shards hold one row more than the rest,
+    as `ShardedVariable` does.
+
+    Example:
+
+    >>> div_shard_of(np.arange(13), 13, 5).tolist()  # TF's docs: [[0,1,2],[3,4,5],[6,7,8],[9,10],[11,12]]
+    [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 4, 4]
+    """
+    base, extra = divmod(num_rows, num_shards)
+    sizes = np.full(num_shards, base, dtype=np.int64)
+    sizes[:extra] += 1
+    return np.searchsorted(np.cumsum(sizes), np.asarray(rows, dtype=np.int64), side="right")
+
+
+@dataclasses.dataclass
+class ShardLoad:
+    """Lookup load per shard.
+
+    Attributes:
+      lookups: int [num_shards], every id looked up (no dedup).
+      unique_per_batch: float [num_shards], the mean number of distinct rows
+        each shard serves per batch (what crosses the network with dedup).
+      imbalance: max / mean of `unique_per_batch`: 1.0 is perfect balance.
+      lookup_imbalance: max / mean of `lookups`.
+      placement: the placement analysed.
+      num_batches: batches the ids were cut into.
+    """
+
+    lookups: np.ndarray
+    unique_per_batch: np.ndarray
+    imbalance: float
+    lookup_imbalance: float
+    placement: str
+    num_batches: int
+
+    def table(self) -> str:
+        """A plain-text table, one line per shard."""
+        lines = [f"placement {self.placement}: {self.num_batches} batch(es)",
+                 "shard  lookups  share   unique rows/batch"]
+        total = max(int(self.lookups.sum()), 1)
+        for shard, (count, unique) in enumerate(zip(self.lookups, self.unique_per_batch)):
+            lines.append(f"{shard:5d}  {int(count):7d}  {count / total:5.1%}   {unique:10.1f}")
+        lines.append(f"imbalance (max/mean): unique rows {self.imbalance:.3f}, lookups {self.lookup_imbalance:.3f}")
+        return "\n".join(lines)
+
+
+def _max_over_mean(values: np.ndarray) -> float:
+    mean = float(np.mean(values))
+    return float(np.max(values)) / mean if mean > 0 else 1.0
+
+
+def shard_load(ids, num_rows: int, num_shards: int, placement: Any = "div", batch_size: int | None = None) -> ShardLoad:
+    """Measures how evenly a stream of ids loads the shards of a table.
+
+    Example:
+
+    >>> ids = np.array([0, 0, 0, 1, 5, 6])   # ids 0-4 on shard 0, 5-9 on shard 1
+    >>> load = shard_load(ids, num_rows=10, num_shards=2, placement="div")
+    >>> load.lookups.tolist(), load.unique_per_batch.tolist(), round(load.imbalance, 3)
+    ([4, 2], [2.0, 2.0], 1.0)
+    >>> shard_load(ids, 10, 2, placement="mod").lookups.tolist()   # even ids (0, 0, 0, 6) on shard 0
+    [4, 2]
+
+    Args:
+      ids: int array of ids in [0, num_rows), any shape (flattened in order).
+      num_rows: the table size.
+      num_shards: the shard count.
+      placement: "div" (TF's contiguous ranges), "mod" (id % num_shards), or
+        a `tf_psx.layers.ShardedEmbedding` (its balance setting; contiguous
+        shards of its storage rows).
+      batch_size: ids per batch (after flattening) for the per-batch unique
+        counts; all ids are one batch when None.
+
+    Returns:
+      A `ShardLoad`.
+
+    Raises:
+      ValueError: bad sizes, ids out of range, or an unknown placement.
+    """
+    num_rows = _positive_int("num_rows", num_rows, "shard_load")
+    num_shards = _positive_int("num_shards", num_shards, "shard_load")
+    flat = np.asarray(ids).reshape(-1).astype(np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= num_rows):
+        bad = flat[(flat < 0) | (flat >= num_rows)][0]
+        raise ValueError(
+            f"Argument `ids` of shard_load must lie in [0, num_rows={num_rows}); received id {int(bad)}. "
+            "Fix: pass the table size as num_rows, or hash the ids into range first."
+        )
+    if isinstance(placement, str):
+        if placement not in PLACEMENTS:
+            raise ValueError(
+                f"Argument `placement` of shard_load must be one of {list(PLACEMENTS)} or a ShardedEmbedding. "
+                f"Received: {placement!r}."
+            )
+        name = placement
+        shard = flat % num_shards if placement == "mod" else div_shard_of(flat, num_rows, num_shards)
+    elif hasattr(placement, "balance") and hasattr(placement, "input_dim"):
+        from tf_psx.layers import balanced_permutation  # pylint: disable=import-outside-toplevel
+
+        rows = balanced_permutation(flat, num_rows) if placement.balance else flat
+        shard = div_shard_of(rows, num_rows, num_shards)
+        name = f"ShardedEmbedding(balance={placement.balance}, dedup={placement.dedup})"
+    else:
+        raise ValueError(
+            f"Argument `placement` of shard_load must be one of {list(PLACEMENTS)} or a ShardedEmbedding. "
+            f"Received: {placement!r}."
+        )
+    lookups = np.bincount(shard, minlength=num_shards)
+    step = flat.size if batch_size is None else _positive_int("batch_size", batch_size, "shard_load")
+    num_batches = max(1, -(-flat.size // step)) if flat.size else 1
+    unique = np.zeros(num_shards, dtype=np.float64)
+    for start in range(0, flat.size, step):
+        distinct, first = np.unique(flat[start:start + step], return_index=True)
+        del distinct
+        unique += np.bincount(shard[start:start + step][first], minlength=num_shards)
+    unique /= num_batches
+    return ShardLoad(lookups, unique, _max_over_mean(unique), _max_over_mean(lookups), name, num_batches)
