@@ -1,0 +1,314 @@
+"""`tf-psx`: the tf_psx command line.
+
+Subcommands:
+  config   print the TF_CONFIG of one task of a cluster given by flags, or
+           check an existing TF_CONFIG (`--check`).
+  k8s      write the Kubeflow TFJob manifest of a parameter-server job.
+
+Every invalid input prints the error (which names the option, the value
+received and the fix) on stderr and exits with status 2, as argparse does for
+bad usage. Nothing here imports TensorFlow, so the command answers at once.
+
+Adding a subcommand: write `_add_<name>(subparsers)`, which calls
+`subparsers.add_parser("<name>", ...)`, adds its arguments and sets
+`run=<function(args) -> int>` with `set_defaults`; then append it to
+`_SUBCOMMANDS`. A run function reports a bad input by raising `CommandError`,
+`TFConfigError` or `ManifestError`; `main` prints it and returns 2.
+
+Example:
+
+>>> main(["config", "--workers", "w0:2222", "--ps", "ps0:2222", "--task", "ps:0"])
+{"cluster": {"worker": ["w0:2222"], "ps": ["ps0:2222"]}, "task": {"type": "ps", "index": 0}}
+0
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import yaml
+
+from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig, TFConfigError
+from tf_psx.k8s import DEFAULT_PORT, ManifestError, tfjob_manifest
+
+__all__ = ["CommandError", "main"]
+
+PROG = "tf-psx"
+EXIT_OK = 0
+# argparse exits with 2 on bad usage; every other bad input exits the same way.
+EXIT_USAGE = 2
+
+# What `--check` reads when it is given without FILE, and the FILE meaning stdin.
+_CHECK_ENV = object()
+_STDIN = "-"
+
+_TASK_RE = re.compile(r"(?P<type>[A-Za-z_]+):(?P<index>[0-9]+)\Z")
+_EXAMPLE_ADDRESSES = "w0:2222,w1:2222"
+_CONFIG_CLUSTER_FLAGS = ("workers", "ps", "chief", "evaluator", "task")
+
+# tfjob_manifest argument -> how `tf-psx k8s` names it in an error.
+_K8S_OPTION_LABELS = {
+    "name": "Option `--name`",
+    "image": "Option `--image`",
+    "command": "The command after `--`",
+    "workers": "Option `--workers`",
+    "ps": "Option `--ps`",
+    "cpu": "Option `--cpu`",
+    "memory": "Option `--memory`",
+    "gpus": "Option `--gpus`",
+    "namespace": "Option `--namespace`",
+    "port": "Option `--port`",
+}
+
+
+class CommandError(ValueError):
+    """A command-line input is invalid; the message names the option and the fix."""
+
+
+# --- config ----------------------------------------------------------------
+
+
+def _add_config(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "config",
+        help="print the TF_CONFIG of one task, or check a TF_CONFIG",
+        description=(
+            "Print the TF_CONFIG JSON of one task of the cluster given by --workers, --ps, "
+            "--chief and --evaluator, e.g. export TF_CONFIG=$(tf-psx config --workers "
+            f"{_EXAMPLE_ADDRESSES} --ps ps0:2222 --task worker:0). With --check, check the "
+            f"${TF_CONFIG_ENV} environment variable, or FILE ('-' for stdin), instead."
+        ),
+    )
+    parser.add_argument("--workers", metavar="HOST:PORT,...", help="the worker addresses, comma-separated")
+    parser.add_argument(
+        "--ps", metavar="HOST:PORT,...", help="the parameter-server addresses, comma-separated"
+    )
+    parser.add_argument("--chief", metavar="HOST:PORT", help="the chief's (coordinator's) address")
+    parser.add_argument("--evaluator", metavar="HOST:PORT", help="the sidecar evaluator's address")
+    parser.add_argument("--task", metavar="TYPE:INDEX", help="the task to print, e.g. worker:0 or chief:0")
+    parser.add_argument(
+        "--check",
+        nargs="?",
+        const=_CHECK_ENV,
+        metavar="FILE",
+        help=f"check ${TF_CONFIG_ENV}, or the TF_CONFIG JSON in FILE ('-' for stdin), and exit",
+    )
+    parser.set_defaults(run=_run_config)
+
+
+def _split_addresses(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    return [part.strip() for part in text.split(",")]
+
+
+def _parse_task(text: str) -> tuple[str, int]:
+    match = _TASK_RE.match(text.strip())
+    if match is None:
+        raise CommandError(
+            f'Option `--task` must be "TYPE:INDEX" (a task type, a colon and the index in its '
+            f'job, e.g. "worker:0"); received "{text}". Fix: pass e.g. --task chief:0 or --task ps:1.'
+        )
+    return match["type"], int(match["index"])
+
+
+def _run_config(args: argparse.Namespace) -> int:
+    if args.check is not None:
+        given = [f"--{flag}" for flag in _CONFIG_CLUSTER_FLAGS if getattr(args, flag) is not None]
+        if given:
+            raise CommandError(
+                f"Option `--check` checks an existing TF_CONFIG and takes no cluster options; "
+                f"received {', '.join(given)} as well. Fix: drop --check to print a TF_CONFIG, or "
+                "drop the other options to check one."
+            )
+        return _check(args.check)
+    for flag, example in (("workers", _EXAMPLE_ADDRESSES), ("ps", "ps0:2222"), ("task", "worker:0")):
+        if getattr(args, flag) is None:
+            raise CommandError(
+                f"Option `--{flag}` is required to print a TF_CONFIG; received nothing. Fix: pass "
+                f"e.g. --{flag} {example}, or use --check to check an existing TF_CONFIG."
+            )
+    task_type, index = _parse_task(args.task)
+    config = ClusterConfig(
+        workers=_split_addresses(args.workers),
+        ps=_split_addresses(args.ps),
+        chief=args.chief,
+        evaluator=args.evaluator,
+    )
+    try:
+        text = config.to_json(task_type, index)
+    except TFConfigError as err:
+        raise CommandError(f'Option `--task` "{args.task}" names no task of the cluster: {err}') from None
+    print(text)
+    return EXIT_OK
+
+
+def _read_tf_config(source: Any) -> tuple[str | None, str]:
+    """Returns (the TF_CONFIG text or None for the environment, its name for messages)."""
+    if source is _CHECK_ENV:
+        return None, f"${TF_CONFIG_ENV}"
+    if source == _STDIN:
+        return sys.stdin.read(), "<stdin>"
+    try:
+        with open(source, encoding="utf-8") as handle:
+            return handle.read(), source
+    except FileNotFoundError:
+        raise CommandError(
+            f'FILE "{source}" of `--check FILE` does not exist; expected a file holding TF_CONFIG '
+            f"JSON. Fix: check the path, or run --check without FILE to check ${TF_CONFIG_ENV}."
+        ) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CommandError(
+            f'FILE "{source}" of `--check FILE` cannot be read as UTF-8 text ({err}). Fix: pass a '
+            "readable text file holding TF_CONFIG JSON, or '-' to read it from stdin."
+        ) from None
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count != 1 and noun != 'ps' else ''}"
+
+
+def _check(source: Any) -> int:
+    text, where = _read_tf_config(source)
+    try:
+        config = ClusterConfig.from_tf_config(text)
+        # tf-psx runs parameter-server training, which needs workers and ps. An
+        # evaluator's own TF_CONFIG holds only the evaluator job (see
+        # ClusterConfig.tf_config), so it is valid without them.
+        if config.task_type != "evaluator":
+            config.validate_for_parameter_server()
+    except TFConfigError as err:
+        raise CommandError(f"{where}: {err}") from None
+    parts = [_plural(config.num_workers, "worker"), _plural(config.num_ps, "ps")]
+    parts += [job for job in ("chief", "evaluator") if getattr(config, job) is not None]
+    parts.append(f"task {config.task_type}:{config.task_index}" if config.task_type else "no task")
+    print(f"valid: {', '.join(parts)}")
+    return EXIT_OK
+
+
+# --- k8s -------------------------------------------------------------------
+
+
+def _add_k8s(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "k8s",
+        help="write a Kubeflow TFJob manifest",
+        description=(
+            "Write the Kubeflow TFJob (kubeflow.org/v1) of a parameter-server job as YAML: one "
+            "Chief running CMD, --workers Workers and --ps PS running python -m tf_psx.server, "
+            "and with --evaluator one Evaluator running CMD. Example: tf-psx k8s --name ctr "
+            "--image registry.example.com/ctr:1 --workers 4 --ps 2 -- python train.py"
+        ),
+    )
+    parser.add_argument("--name", required=True, help="the TFJob name (lowercase letters, digits, '-')")
+    parser.add_argument("--image", required=True, help="the container image of every replica")
+    parser.add_argument("--workers", required=True, type=int, metavar="N", help="the number of workers")
+    parser.add_argument("--ps", required=True, type=int, metavar="M", help="the number of parameter servers")
+    parser.add_argument("--evaluator", action="store_true", help="add an Evaluator replica running CMD")
+    parser.add_argument("--cpu", help='CPU request and limit of every container, e.g. "4" or "500m"')
+    parser.add_argument("--memory", help='memory request and limit of every container, e.g. "16Gi"')
+    parser.add_argument("--gpus", type=int, default=0, metavar="G", help="GPUs of the chief and each worker")
+    parser.add_argument("--namespace", help="metadata.namespace (default: left to kubectl)")
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"the port of every task (default: {DEFAULT_PORT})"
+    )
+    parser.add_argument("-o", "--output", metavar="FILE", help="write the YAML to FILE instead of stdout")
+    parser.add_argument("command", nargs="*", metavar="CMD", help="after --: the chief's command")
+    parser.set_defaults(run=_run_k8s)
+
+
+def _run_k8s(args: argparse.Namespace) -> int:
+    if not args.command:
+        raise CommandError(
+            "The command after `--` is missing; received no CMD (the Chief's and the Evaluator's "
+            "command). Fix: end the options with --, then the command, e.g. -- python train.py."
+        )
+    try:
+        manifest = tfjob_manifest(
+            name=args.name,
+            image=args.image,
+            command=args.command,
+            workers=args.workers,
+            ps=args.ps,
+            evaluator=args.evaluator,
+            cpu=args.cpu,
+            memory=args.memory,
+            gpus=args.gpus,
+            namespace=args.namespace,
+            port=args.port,
+        )
+    except ManifestError as err:
+        label = _K8S_OPTION_LABELS.get(err.argument)
+        raise CommandError(err.renamed(label) if label else str(err)) from None
+    text = yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False)
+    replicas = {rtype: spec["replicas"] for rtype, spec in manifest["spec"]["tfReplicaSpecs"].items()}
+    summary = ", ".join(f"{count} {rtype}" for rtype, count in replicas.items())
+    if args.output is None:
+        sys.stdout.write(text)
+        print(f"{PROG} k8s: wrote TFJob {args.name} ({summary}) to stdout", file=sys.stderr)
+        return EXIT_OK
+    try:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as err:
+        raise CommandError(
+            f'Option `-o` FILE "{args.output}" cannot be written ({err}). Fix: pass a path in an '
+            "existing, writable directory, or leave out -o to write to stdout."
+        ) from None
+    print(
+        f"{PROG} k8s: wrote TFJob {args.name} ({summary}) to {args.output}; "
+        f"start it with: kubectl apply -f {args.output}",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+# --- main ------------------------------------------------------------------
+
+# The subcommands, in the order `tf-psx --help` lists them (see the module docstring).
+_SUBCOMMANDS: list[Callable[[Any], None]] = [_add_config, _add_k8s]
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Tools for tf_psx parameter-server clusters."
+    )
+    subparsers = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
+    for add in _SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs `tf-psx`.
+
+    Args:
+      argv: the arguments after the program name; None reads `sys.argv[1:]`.
+
+    Returns:
+      The exit status: 0 on success, 2 on a bad option or input (the error is
+      printed on stderr).
+
+    Example:
+
+    >>> main(["config", "--workers", "w0:2222", "--ps", "ps0", "--task", "worker:0"])
+    2
+    """
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse exits on --help (0) and on bad usage (2).
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    try:
+        return args.run(args)
+    except (CommandError, TFConfigError, ManifestError) as err:
+        print(f"{PROG} {args.subcommand}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
