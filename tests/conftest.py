@@ -54,3 +54,13 @@ def run_script(name: str, *args: str, env: dict | None = None, timeout: float = 
         cwd=REPO,
         check=False,
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cluster_first(ps_strategy):
+    """Connects to the session cluster before any test builds a model.
+
+    A process that made TFRA tables before connecting cannot use a cluster
+    afterwards (tf_psx.LocalResourcesError), so the connection comes first.
+    """
+    return ps_strategy

@@ -102,6 +102,42 @@ def keras3_caller() -> str | None:
     return None
 
 
+def tfra():
+    """Imports and returns `tensorflow_recommenders_addons.dynamic_embedding`.
+
+    TFRA 0.8.1 prints "_SingleDeviceSaver removed after tf version 2.15" to
+    stdout on import under TF 2.16, and logs a horovod warning; both are
+    noise for tf_psx users, so the import runs with stdout captured.
+    """
+    import contextlib  # pylint: disable=import-outside-toplevel
+    import io  # pylint: disable=import-outside-toplevel
+
+    if "tensorflow_recommenders_addons.dynamic_embedding" not in sys.modules:
+        keras3_init = _keras3_variance_scaling()
+        saved_call = keras3_init.__call__ if keras3_init is not None else None
+        with contextlib.redirect_stdout(io.StringIO()):
+            import tensorflow_recommenders_addons.dynamic_embedding  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+        if keras3_init is not None:
+            # TFRA patches VarianceScaling.__call__ of every Keras it finds,
+            # Keras 3 included, with a body that needs tf-keras internals:
+            # afterwards any Keras 3 layer with a Glorot initializer fails
+            # with "no attribute '_random_generator'". TFRA tables only work
+            # with tf-keras, so Keras 3 gets its own method back.
+            keras3_init.__call__ = saved_call
+    return sys.modules["tensorflow_recommenders_addons.dynamic_embedding"]
+
+
+def _keras3_variance_scaling():
+    """Keras 3's VarianceScaling class, or None when Keras 3 is not installed."""
+    try:
+        import keras  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return None
+    if not str(getattr(keras, "__version__", "0")).startswith("3"):
+        return None
+    return keras.initializers.VarianceScaling
+
+
 def tfra_loaded() -> bool:
     """True when tensorflow-recommenders-addons was imported in this process."""
     return "tensorflow_recommenders_addons" in sys.modules
@@ -143,3 +179,49 @@ def connected_to_cluster() -> bool:
     from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
 
     return getattr(context.context(), "_server_def", None) is not None
+
+
+def _model_has_dynamic_embedding(model) -> bool:
+    from tf_psx.layers import DynamicEmbedding  # pylint: disable=import-outside-toplevel
+
+    return any(isinstance(layer, DynamicEmbedding) for layer in model._flatten_layers())  # pylint: disable=protected-access
+
+
+def wrap_tfra_optimizer(optimizer):
+    """Applies TFRA's DynamicEmbeddingOptimizer to `optimizer` once; returns it."""
+    if optimizer is None or getattr(optimizer, "_tf_psx_tfra_wrapped", False):
+        return optimizer
+    wrapped = tfra().DynamicEmbeddingOptimizer(optimizer)
+    wrapped._tf_psx_tfra_wrapped = True  # pylint: disable=protected-access
+    return wrapped
+
+
+_TFRA_HOOK_INSTALLED = False
+
+
+def install_tfra_optimizer_hook() -> None:
+    """Makes tf-keras `Model.compile` wrap the optimizer for TFRA tables.
+
+    TFRA 0.8.1 trains its tables only through an optimizer patched by
+    `de.DynamicEmbeddingOptimizer`; a plain one fails or leaves the table
+    untouched. Users of `tf_psx.layers.DynamicEmbedding` should not have to
+    know that, so after `compile`, a model that holds a DynamicEmbedding gets
+    its optimizer wrapped. Installed the first time a DynamicEmbedding is
+    built (never on import); it wraps `tf_keras.Model.compile` once and
+    changes nothing for models without TFRA layers.
+    """
+    global _TFRA_HOOK_INSTALLED  # pylint: disable=global-statement
+    if _TFRA_HOOK_INSTALLED:
+        return
+    model_class = keras().Model
+    original_compile = model_class.compile
+
+    def compile(self, optimizer="rmsprop", *args, **kwargs):  # pylint: disable=redefined-builtin
+        original_compile(self, optimizer, *args, **kwargs)
+        if _model_has_dynamic_embedding(self):
+            self.optimizer = wrap_tfra_optimizer(self.optimizer)
+
+    compile.__doc__ = original_compile.__doc__
+    compile.__wrapped__ = original_compile
+    model_class.compile = compile
+    _TFRA_HOOK_INSTALLED = True

@@ -3,6 +3,8 @@
 * `ShardedEmbedding`: a fixed vocabulary, a drop-in for
   `tf.keras.layers.Embedding`, with shard-balanced row placement and
   deduplicated lookups.
+* `DynamicEmbedding`: a TFRA hash table on the ps tasks, sized by the keys
+  seen, not by a vocabulary.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import tensorflow as tf
 
 from tf_psx import _compat
 
-__all__ = ["ShardedEmbedding", "balanced_permutation"]
+__all__ = ["ShardedEmbedding", "DynamicEmbedding", "balanced_permutation"]
 
 _keras = _compat.keras()
 
@@ -172,4 +174,121 @@ class ShardedEmbedding(_keras.layers.Embedding):
     def get_config(self):
         config = super().get_config()
         config.update({"balance": self.balance, "dedup": self.dedup})
+        return config
+
+
+# TFRA keys are int64; strings are hashed into them (FarmHash Fingerprint64,
+# as tf.strings.to_hash_bucket_fast). With this bucket count the chance that
+# two of a billion distinct strings collide is about 1e-1; for fewer keys it
+# is negligible.
+STRING_KEY_BUCKETS = 2**63 - 1
+# The spread of new rows: small, so that unseen keys barely move a prediction.
+DEFAULT_INIT_STDDEV = 0.05
+
+
+def _ps_devices() -> list[str] | None:
+    """The ps task devices of the current ParameterServerStrategy, else None."""
+    strategy = tf.distribute.get_strategy()
+    if not getattr(strategy, "_should_use_with_coordinator", False):
+        return None
+    num_ps = strategy.extended._num_ps  # pylint: disable=protected-access  (set by TF 2.16's PS extended)
+    return [f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(num_ps)]
+
+
+class DynamicEmbedding(_keras.layers.Layer):
+    """A hash-table embedding (tensorflow-recommenders-addons) with no vocabulary size.
+
+    The table holds one row per key seen, so it grows with the data: any
+    int64 (hashed Criteo categories, user ids) or string key works, and keys
+    never collide. Under `tf_psx.ParameterServerStrategy` the table is split
+    over the ps tasks (TFRA's default key partition); with no strategy it
+    lives on this machine.
+
+    The optimizer needs TFRA's wrapping (`de.DynamicEmbeddingOptimizer`) to
+    train these tables; `Model.compile` does it for any model holding a
+    DynamicEmbedding (`tf_psx._compat.install_tfra_optimizer_hook`).
+
+    Example:
+
+    >>> import tf_psx, tensorflow as tf
+    >>> layer = tf_psx.layers.DynamicEmbedding(4, initializer=tf.keras.initializers.Zeros())
+    >>> layer(tf.constant([[3, 10**15, 3]], dtype=tf.int64)).shape
+    TensorShape([1, 3, 4])
+
+    Args:
+      output_dim: the embedding width.
+      key_dtype: tf.int64 or tf.string (strings are hashed to int64 keys).
+      initializer: the initializer of new rows; by default N(0, 0.05), drawn
+        afresh for every new key.
+      **tfra_kwargs: passed to `tfra.dynamic_embedding.keras.layers.Embedding`
+        (e.g. `init_capacity`, `restrict_policy`, `kv_creator`).
+
+    Input shape: [batch, ...] keys. Output shape: [batch, ..., output_dim].
+
+    Known limitations:
+      * Build the layer under the strategy's scope, and create the cluster
+        and strategy before any DynamicEmbedding (see LocalResourcesError).
+      * Optimizer slots of a key are created when the key is first trained.
+      * A lookup alone does not insert a key; training does.
+      * TFRA names checkpoint keys after the table, which is named after the
+        layer: restore into a model built the same way (same layer names).
+        A renamed layer restores nothing; check with
+        `checkpoint.restore(path).assert_existing_objects_matched()`.
+      * Correctness with duplicate ids in a batch relies on TFRA's
+        `with_unique=True` (set here): lookups are deduplicated, so gradients
+        of a key arrive summed. Tested against a plain Embedding.
+    """
+
+    def __init__(self, output_dim: int, key_dtype=tf.int64, initializer=None, name: str | None = None, **tfra_kwargs):
+        super().__init__(name=name)
+        if isinstance(output_dim, bool) or not isinstance(output_dim, (int, np.integer)) or output_dim < 1:
+            raise ValueError(f"Argument `output_dim` of DynamicEmbedding must be an int >= 1. Received: {output_dim!r}.")
+        key_dtype = tf.as_dtype(key_dtype)
+        if key_dtype not in (tf.int64, tf.string):
+            raise ValueError(
+                f"Argument `key_dtype` of DynamicEmbedding must be tf.int64 or tf.string. Received: {key_dtype!r}. "
+                "Fix: cast int32 ids to tf.int64."
+            )
+        de = _compat.tfra()
+        _compat.install_tfra_optimizer_hook()
+        self.output_dim = int(output_dim)
+        self.key_dtype = key_dtype
+        if initializer is None:
+            # TFRA calls the initializer on every lookup of new keys. A tf-keras
+            # initializer without a seed returns the same values on every call
+            # (and warns), so new keys would all start alike; TF's own
+            # initializer draws afresh each time.
+            initializer = tf.random_normal_initializer(0.0, DEFAULT_INIT_STDDEV)
+        devices = tfra_kwargs.pop("devices", None) or _ps_devices()
+        # TFRA names its table after the layer; two layers with TFRA's default
+        # name would share one table, so the (unique) Keras name is passed on.
+        self.embedding = de.keras.layers.Embedding(
+            self.output_dim,
+            key_dtype=tf.int64,
+            initializer=initializer,
+            devices=devices,
+            name=f"{self.name}_table",
+            with_unique=True,
+            **tfra_kwargs,
+        )
+
+    def call(self, inputs):
+        if self.key_dtype == tf.string:
+            keys = tf.strings.to_hash_bucket_fast(inputs, STRING_KEY_BUCKETS)
+        else:
+            keys = tf.cast(inputs, tf.int64)
+        return self.embedding(keys)
+
+    @property
+    def table(self):
+        """The TFRA `dynamic_embedding.Variable` behind the layer."""
+        return self.embedding.params
+
+    def size(self) -> int:
+        """Rows in the table (keys seen so far), summed over every ps task."""
+        return int(self.table.size())
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"output_dim": self.output_dim, "key_dtype": self.key_dtype.name})
         return config
