@@ -24,6 +24,7 @@ EXTRAS_REQUIRE = {
         "mkdocs>=1.5",
         "mkdocstrings[python]>=0.24",
         "psutil>=5.9",
+        "jsonschema>=4",
         "tensorboard>=2.16,<2.17",
     ],
 }

@@ -43,3 +43,41 @@ def write_result(name: str, setup: str, rows: list[dict], extra: dict | None = N
         handle.write("\n")
     print(f"wrote {path}")
     return path
+
+
+# A fresh interpreter per measurement: TF import, cluster start and the first
+# trace take ~30 s on 2 loaded cores; the slowest measured child (stock Adam at
+# 2M rows) adds ~60 s.
+CHILD_TIMEOUT_S = 400
+
+
+def run_child(script: str, *args: str, timeout: float = CHILD_TIMEOUT_S) -> dict:
+    """Runs `python SCRIPT --child ARGS` and returns the JSON of its last "{" line.
+
+    Benchmarks measure in fresh processes because, measured here, whichever of
+    two models is built first in one process runs about 30 % slower.
+    """
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(script), "--child", *args],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise SystemExit(f"child {args} failed (exit {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def time_fit(model, dataset_fn, warmup_steps: int, timed_steps: int) -> float:
+    """ms per `model.fit` step over `timed_steps`, after `warmup_steps` (the trace)."""
+    import time  # pylint: disable=import-outside-toplevel
+
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    data = tf.keras.utils.experimental.DatasetCreator(dataset_fn)
+    model.fit(data, epochs=1, steps_per_epoch=warmup_steps, verbose=0)
+    start = time.perf_counter()
+    model.fit(data, epochs=1, steps_per_epoch=timed_steps, verbose=0)
+    return (time.perf_counter() - start) * 1000 / timed_steps

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -24,7 +23,6 @@ WARMUP_STEPS = 40
 STEPS_PER_ROUND = 300
 ROUNDS = 6
 TARGET = 0.98
-CHILD_TIMEOUT_S = 300
 
 
 def child(name: str, cluster_json: str) -> None:
@@ -66,7 +64,7 @@ def child(name: str, cluster_json: str) -> None:
 def main() -> None:
     import tf_psx  # pylint: disable=import-outside-toplevel
 
-    from _common import write_result  # pylint: disable=import-outside-toplevel
+    from _common import run_child, write_result  # pylint: disable=import-outside-toplevel
 
     rates: dict[str, list[float]] = {"tf_psx": [], "raw_tf": []}
     with tf_psx.LocalCluster(num_workers=2, num_ps=2, processes=True) as cluster:
@@ -74,14 +72,7 @@ def main() -> None:
         for round_index in range(ROUNDS):
             order = ["tf_psx", "raw_tf"] if round_index % 2 == 0 else ["raw_tf", "tf_psx"]
             for name in order:
-                out = subprocess.run(
-                    [sys.executable, os.path.abspath(__file__), "--child", name, cluster_json],
-                    capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False,
-                )
-                lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
-                if out.returncode != 0 or not lines:
-                    raise SystemExit(f"{name} round {round_index} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-                rate = json.loads(lines[-1])["steps_per_s"]
+                rate = run_child(__file__, name, cluster_json)["steps_per_s"]
                 rates[name].append(rate)
                 print(f"round {round_index + 1}/{ROUNDS} {name}: {rate:.1f} steps/s", flush=True)
     med = {name: statistics.median(r) for name, r in rates.items()}
