@@ -225,3 +225,152 @@ def install_tfra_optimizer_hook() -> None:
     compile.__wrapped__ = original_compile
     model_class.compile = compile
     _TFRA_HOOK_INSTALLED = True
+
+
+# --- Hooks for tf_psx.callbacks (written against tf-keras 2.16, TF 2.16.2) ---
+
+
+def wrap_train_step(model, make_wrapper):
+    """Replaces `model.train_step` on the instance by `make_wrapper(original)`.
+
+    Returns a function that puts the original back. tf-keras 2.16's
+    `make_train_function` calls `model.train_step(data)` inside
+    `strategy.run`, so an instance attribute is picked up on the next trace;
+    call `rebuild_train_function` after wrapping.
+    """
+    had_own = "train_step" in model.__dict__
+    original = model.train_step
+    model.__dict__["train_step"] = make_wrapper(original)
+
+    def undo():
+        if had_own:
+            model.__dict__["train_step"] = original
+        else:
+            model.__dict__.pop("train_step", None)
+
+    return undo
+
+
+def wrap_optimizer_apply(optimizer, make_wrapper):
+    """Wraps the optimizer's cross-replica apply, `_distributed_apply_gradients_fn`.
+
+    tf-keras 2.16 `Optimizer.apply_gradients` aggregates the gradients
+    (a `merge_call`), builds the slots, then calls
+    `_distributed_apply_gradients_fn(distribution, grads_and_vars, **kwargs)`,
+    which updates every variable and `iterations`. Wrapping that function
+    (and not `apply_gradients`) lets the wrapper put the whole update under a
+    `tf.cond`: a `merge_call` inside a `tf.cond` is refused by
+    tf.distribute. TFRA 0.8.1's `DynamicEmbeddingOptimizer` sets its own
+    version of this function on the instance; the wrapper wraps whichever
+    is there. Returns a function that puts the original back.
+    """
+    name = "_distributed_apply_gradients_fn"
+    if not hasattr(optimizer, name):
+        raise TypeError(
+            f"The optimizer {type(optimizer).__qualname__} has no `{name}`: it is not a tf-keras 2.16 "
+            "optimizer (tf.keras.optimizers.*). Fix: compile the model with a tf.keras optimizer; legacy "
+            "optimizers (tf.keras.optimizers.legacy.*) are not supported by tf_psx.callbacks."
+        )
+    had_own = name in optimizer.__dict__
+    original = getattr(optimizer, name)
+    setattr(optimizer, name, make_wrapper(original))
+
+    def undo():
+        if had_own:
+            setattr(optimizer, name, original)
+        else:
+            optimizer.__dict__.pop(name, None)
+
+    return undo
+
+
+def rebuild_train_function(model) -> None:
+    """Makes `fit` use a new train function, traced again on its next call.
+
+    tf-keras 2.16's `fit` reads `model.train_function` on every step, so a
+    rebuild in `on_train_begin` takes effect for the first step.
+    """
+    model.train_function = None
+    model.make_train_function(force=True)
+
+
+def forget_train_function(model) -> None:
+    """Makes the next `fit` build (and trace) its train function again."""
+    model.train_function = None
+
+
+class _InitialCounters:
+    """Stands in for tf-keras's WorkerTrainingState during one `fit`.
+
+    tf-keras 2.16 `Model.fit` calls
+    `model._training_state.maybe_load_initial_counters_from_ckpt(...)` right
+    after `on_train_begin` and starts its epoch and step loops from what it
+    returns (BackupAndRestore works this way): steps already done are skipped.
+    """
+
+    def __init__(self, epoch: int, step: int):
+        self.epoch, self.step = int(epoch), int(step)
+
+    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):  # pylint: disable=unused-argument
+        return self.epoch, self.step
+
+
+def set_initial_counters(model, epoch: int, step: int) -> None:
+    """Makes the running `fit` start at (epoch, step in that epoch)."""
+    current = getattr(model, "_training_state", None)
+    if current is not None and not isinstance(current, _InitialCounters):
+        raise ValueError(
+            "tf.keras.callbacks.BackupAndRestore and tf_psx.callbacks.PeriodicSync were both passed "
+            "to fit; both decide where fit resumes. Fix: keep only PeriodicSync (it saves between "
+            "epochs too, and its batch-level snapshots work under ParameterServerStrategy)."
+        )
+    model._training_state = _InitialCounters(epoch, step)  # pylint: disable=protected-access
+
+
+def clear_initial_counters(model) -> None:
+    """Undoes `set_initial_counters` (leaves BackupAndRestore's state alone)."""
+    if isinstance(getattr(model, "_training_state", None), _InitialCounters):
+        model._training_state = None  # pylint: disable=protected-access
+
+
+class ClosureRetries:
+    """Counts the closures a ClusterCoordinator put back in its queue to run again."""
+
+    def __init__(self):
+        self.count = 0
+
+
+def closure_retries(coordinator) -> ClosureRetries:
+    """Returns the retry counter of `coordinator`, installing it on first use.
+
+    TF 2.16's `ClusterCoordinator` re-queues a closure that failed on a
+    worker (a worker failure, or a transient error) with
+    `coordinator._cluster.closure_queue.put_back(closure)`; nothing public
+    counts those. The counter wraps `put_back` on that queue instance, once.
+    Retries before the counter was installed are not counted.
+    """
+    queue = coordinator._cluster.closure_queue  # pylint: disable=protected-access
+    counter = queue.__dict__.get("_tf_psx_retries")
+    if counter is None:
+        counter = ClosureRetries()
+        original = queue.put_back
+
+        def put_back(closure):
+            counter.count += 1
+            return original(closure)
+
+        queue.put_back = put_back
+        queue._tf_psx_retries = counter  # pylint: disable=protected-access
+    return counter
+
+
+def is_parameter_server_strategy(strategy) -> bool:
+    """True for strategies whose steps run through a ClusterCoordinator."""
+    return bool(getattr(strategy, "_should_use_with_coordinator", False))
+
+
+def tfra_variable_class():
+    """TFRA's `dynamic_embedding.Variable` class, or None when TFRA is not loaded."""
+    if not tfra_loaded():
+        return None
+    return tfra().Variable

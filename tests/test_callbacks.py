@@ -1,0 +1,285 @@
+"""tf_psx.callbacks: StalenessBound, PeriodicSync, ClusterMonitor.
+
+Tiers: argument checks and snapshot listing need no servers; the 1-worker
+tests share the session cluster; resume after a crash and the 3-worker
+staleness run use fresh processes (tests/scripts/callbacks_*.py).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_psx
+from tf_psx import callbacks as cb
+
+from conftest import run_script
+
+FIELDS, ROWS, DIM, BATCH = 4, 1000, 8, 16
+# Every batch holds exactly DISTINCT ids of the static embedding (see _data),
+# so a step touches DISTINCT / ROWS of its rows.
+DISTINCT = 8
+
+
+# --- arguments (no servers) -------------------------------------------------
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: cb.StalenessBound(-1), r"`max_staleness` of StalenessBound must be an int >= 0\. Received: -1"),
+    (lambda: cb.StalenessBound(1.5), r"`max_staleness`.*Received: 1\.5"),
+    (lambda: cb.StalenessBound(True), r"`max_staleness`.*Received: True"),
+    (lambda: cb.StalenessBound(1, policy="skip"), r"`policy` of StalenessBound must be one of 'drop', 'scale'\. Received: 'skip'"),
+    (lambda: cb.PeriodicSync(0, "/tmp/x"), r"`every_n_steps` of PeriodicSync must be an int >= 1\. Received: 0"),
+    (lambda: cb.PeriodicSync("10", "/tmp/x"), r"`every_n_steps`.*Received: '10'"),
+    (lambda: cb.PeriodicSync(10, ""), r"`directory` of PeriodicSync must be a non-empty directory path"),
+    (lambda: cb.PeriodicSync(10, None), r"`directory`.*Received: None"),
+    (lambda: cb.PeriodicSync(10, "/tmp/x", max_to_keep=0), r"`max_to_keep` of PeriodicSync must be an int >= 1\. Received: 0"),
+    (lambda: cb.ClusterMonitor(""), r"`log_dir` of ClusterMonitor"),
+    (lambda: cb.ClusterMonitor("/tmp/x", every_n_steps=0), r"`every_n_steps` of ClusterMonitor.*Received: 0"),
+    (lambda: cb.ClusterMonitor("/tmp/x", cluster="ps0"), r"`cluster` of ClusterMonitor must be None or a tf_psx.LocalCluster"),
+])
+def test_bad_arguments_name_the_field_and_the_fix(make, match):
+    with pytest.raises(ValueError, match=match) as error:
+        make()
+    assert "Fix:" in str(error.value)
+
+
+def test_public_signatures():
+    import inspect
+
+    assert str(inspect.signature(cb.PeriodicSync)) == "(every_n_steps: 'int', directory, max_to_keep: 'int' = 3)"
+    assert str(inspect.signature(cb.StalenessBound)) == "(max_staleness: 'int', policy: 'Policy' = 'drop')"
+    assert "callbacks" in tf_psx.__all__ and tf_psx.callbacks is cb
+
+
+def _fake_snapshot(directory, step, manifest=True, index=True):
+    path = os.path.join(directory, f"snapshot-{step:012d}")
+    os.makedirs(path)
+    if index:
+        open(os.path.join(path, "ckpt.index"), "w").close()
+    if manifest:
+        with open(os.path.join(path, cb.MANIFEST), "w") as handle:
+            json.dump({"step": step, "epoch": 0, "step_in_epoch": step, "steps_per_epoch": None}, handle)
+    return path
+
+
+def test_only_complete_snapshots_are_listed(tmp_path):
+    _fake_snapshot(tmp_path, 10)
+    _fake_snapshot(tmp_path, 30)
+    _fake_snapshot(tmp_path, 40, manifest=False)  # crashed before the manifest
+    _fake_snapshot(tmp_path, 50, index=False)  # checkpoint files missing
+    os.makedirs(tmp_path / f"{cb.TMP_PREFIX}000000000060-abcd")  # an interrupted write
+    with open(_fake_snapshot(tmp_path, 70, manifest=False) + "/" + cb.MANIFEST, "w") as handle:
+        handle.write('{"step": 7')  # a torn manifest
+    assert [s.step for s in cb.PeriodicSync.snapshots(tmp_path)] == [10, 30]
+    assert cb.PeriodicSync.latest(tmp_path).step == 30
+    assert cb.PeriodicSync.latest(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize("step, steps_per_epoch, expected", [
+    (60, 20, (3, 0)), (65, 20, (3, 5)), (20, None, (1, 0)), (7, None, (0, 7)),
+])
+def test_resume_point(step, steps_per_epoch, expected):
+    # Saved with 20 steps per epoch: step 20 is the end of epoch 0.
+    snapshot = cb.Snapshot("/x", step, (step - 1) // 20, (step - 1) % 20 + 1, 20, 0.0)
+    assert snapshot.resume_point(steps_per_epoch) == expected
+
+
+# --- the session cluster (1 worker, 2 ps) ------------------------------------
+
+
+def _data(steps):
+    # Batch b uses ids {8b .. 8b+7} mod ROWS (each twice per row of 4 fields
+    # across the batch), so every batch touches exactly DISTINCT rows.
+    rows = np.arange(steps * BATCH * FIELDS) // (BATCH * FIELDS // DISTINCT) % DISTINCT
+    base = (np.arange(steps * BATCH * FIELDS) // (BATCH * FIELDS)) * DISTINCT
+    ids = ((base + rows) % ROWS).reshape(steps * BATCH, FIELDS).astype(np.int64)
+    keys = ids + 10**12
+    labels = (ids[:, 0] % 3 == 0).astype(np.float32)
+    return ids, keys, labels
+
+
+def _model(strategy):
+    with strategy.scope():
+        ids = tf.keras.Input((FIELDS,), dtype=tf.int64, name="ids")
+        keys = tf.keras.Input((FIELDS,), dtype=tf.int64, name="keys")
+        static = tf.keras.layers.Embedding(ROWS, DIM, name="static")(ids)
+        dynamic = tf_psx.layers.DynamicEmbedding(DIM, name="dyn")(keys)
+        hidden = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(static), tf.keras.layers.Flatten()(dynamic)])
+        model = tf.keras.Model([ids, keys], tf.keras.layers.Dense(1, activation="sigmoid")(hidden))
+        model.compile(tf.keras.optimizers.Adam(0.01), "binary_crossentropy", steps_per_execution=2)
+    return model
+
+
+def _creator(steps):
+    ids, keys, labels = _data(steps)
+
+    def dataset_fn(_ctx):
+        return tf.data.Dataset.from_tensor_slices(({"ids": ids, "keys": keys}, labels)).batch(BATCH).repeat()
+
+    return tf.keras.utils.experimental.DatasetCreator(dataset_fn)
+
+
+def _events(log_dir):
+    values: dict[str, list[float]] = {}
+    for path in glob.glob(os.path.join(log_dir, "**", "events.out.tfevents.*"), recursive=True):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                number = value.simple_value if value.HasField("simple_value") else float(tf.make_ndarray(value.tensor))
+                values.setdefault(value.tag, []).append(number)
+    return values
+
+
+def test_one_worker_has_no_staleness_and_the_monitor_writes_every_tag(ps_strategy, tmp_path):
+    epochs, steps = 2, 6
+    model = _model(ps_strategy)
+    bound = cb.StalenessBound(0, "drop")
+    sync = cb.PeriodicSync(4, tmp_path / "snap")
+    monitor = cb.ClusterMonitor(tmp_path / "logs", every_n_steps=2)
+    history = model.fit(_creator(epochs * steps), epochs=epochs, steps_per_epoch=steps,
+                        callbacks=[bound, sync, monitor], verbose=0)
+
+    # One worker: steps run one after another, nothing is stale, all apply.
+    assert history.history["staleness_max"] == [0, 0]
+    assert history.history["staleness_mean"] == [0.0, 0.0]
+    assert history.history["dropped_gradients"] == [0, 0]
+    assert bound.histogram[0] == epochs * steps and bound.histogram[1:].sum() == 0
+    assert int(model.optimizer.iterations.numpy()) == epochs * steps
+    # steps_per_execution=2, snapshots every 4 steps: at 4, 8 and 12 (the end).
+    assert [s.step for s in cb.PeriodicSync.snapshots(tmp_path / "snap")] == [4, 8, 12]
+    assert len(sync.snapshot_seconds) == 3 and min(sync.snapshot_seconds) > 0
+
+    events = _events(tmp_path / "logs")
+    expected = {"throughput/examples_per_sec", "throughput/step_time_ms", "sparsity/static", "sparsity/dyn",
+                "staleness/mean", "staleness/max", "staleness/dropped", "sync/snapshot_seconds",
+                "cluster/closure_retries", "ps/0/variable_bytes", "ps/1/variable_bytes",
+                "ps/0/table_bytes", "ps/1/table_bytes"}
+    assert expected <= set(events), sorted(expected - set(events))
+    assert all(v > 0 for v in events["throughput/examples_per_sec"])
+    assert all(v > 0 for v in events["throughput/step_time_ms"])
+    # Every batch touches DISTINCT of the ROWS static rows.
+    np.testing.assert_allclose(events["sparsity/static"], DISTINCT / ROWS, rtol=1e-6)
+    # The dynamic table holds the keys seen so far; a batch touches DISTINCT of them.
+    assert all(0 < v <= 1 for v in events["sparsity/dyn"])
+    assert events["staleness/max"] == [0.0] * len(events["staleness/max"])
+    assert events["cluster/closure_retries"][-1] == 0
+    assert max(events["sync/snapshot_seconds"]) > 0
+    # The static table (ROWS x DIM float32) and its Adam m and v are on the ps
+    # tasks, in 2 shards: at least 3 * ROWS * DIM * 4 bytes over both.
+    dense = events["ps/0/variable_bytes"][-1] + events["ps/1/variable_bytes"][-1]
+    assert 3 * ROWS * DIM * 4 <= dense < 3 * ROWS * DIM * 4 + 200_000
+    # The dynamic table: keys seen * (8 key bytes + DIM * 4), times 3 (Adam m, v).
+    keys_seen = model.get_layer("dyn").size()
+    tables = events["ps/0/table_bytes"][-1] + events["ps/1/table_bytes"][-1]
+    assert tables == 3 * keys_seen * (8 + DIM * 4)
+    assert events["ps/0/table_bytes"][-1] > 0 and events["ps/1/table_bytes"][-1] > 0
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_crash_during_a_snapshot_restores_the_newest_complete_one(ps_strategy, tmp_path, monkeypatch):
+    directory = tmp_path / "snap"
+    steps = 8
+    model = _model(ps_strategy)
+    saved = {}
+
+    class Remember(tf.keras.callbacks.Callback):
+        def __init__(self, sync):
+            super().__init__()
+            self._supports_tf_logs = True
+            self.sync = sync
+
+        def on_train_batch_end(self, batch, logs=None):
+            # Runs after PeriodicSync (later in the list): right after a
+            # snapshot nothing is in flight, so these are the saved weights.
+            saved.setdefault(self.sync._last_saved, [w.copy() for w in model.get_weights()[:2]])
+
+    def crash_at_step_6(path):
+        if "000000000006" in path:
+            raise _Crash(path)
+
+    monkeypatch.setattr(cb, "_hook_before_commit", crash_at_step_6)
+    sync = cb.PeriodicSync(2, directory)
+    with pytest.raises(_Crash):
+        model.fit(_creator(steps), epochs=1, steps_per_epoch=steps, callbacks=[sync, Remember(sync)], verbose=0)
+    monkeypatch.undo()
+    assert [s.step for s in cb.PeriodicSync.snapshots(directory)] == [2, 4]
+    assert glob.glob(str(directory / f"{cb.TMP_PREFIX}000000000006-*"))  # the torn write is there...
+    _fake_snapshot(directory, 8, manifest=False)  # ...and a final-named one without manifest
+
+    resumed = _model(ps_strategy)
+    restored = {}
+
+    class Capture(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self._supports_tf_logs = True
+            self.batch_ends = []
+
+        def on_train_begin(self, logs=None):
+            restored["weights"] = [w.copy() for w in resumed.get_weights()[:2]]
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.batch_ends.append(batch)
+
+    capture = Capture()
+    again = cb.PeriodicSync(2, directory)
+    resumed.fit(_creator(steps), epochs=1, steps_per_epoch=steps, callbacks=[again, capture], verbose=0)
+    assert again.restored.step == 4
+    for got, want in zip(restored["weights"], saved[4]):
+        np.testing.assert_array_equal(got, want)
+    # Steps 5..8 ran (steps_per_execution=2: batch ends 5 and 7, 0-based).
+    assert capture.batch_ends == [5, 7]
+    assert int(resumed.optimizer.iterations.numpy()) == steps
+    assert not glob.glob(str(directory / f"{cb.TMP_PREFIX}*"))
+    assert [s.step for s in cb.PeriodicSync.snapshots(directory)] == [4, 6, 8]
+
+
+# --- fresh processes -----------------------------------------------------------
+
+
+def _report(result):
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    line = [l for l in result.stdout.splitlines() if l.startswith("REPORT ")][-1]
+    return json.loads(line[len("REPORT "):])
+
+
+def test_interrupted_run_resumes_at_the_last_snapshot_and_matches_an_uninterrupted_one(tmp_path):
+    full = _report(run_script("callbacks_resume.py", "full", str(tmp_path / "unused"), str(tmp_path / "full.npz")))
+    crashed = run_script("callbacks_resume.py", "interrupt", str(tmp_path / "snap"), str(tmp_path / "x.npz"))
+    assert crashed.returncode == 3 and "killed at step 70" in crashed.stdout, crashed.stderr[-3000:]
+    resumed = _report(run_script("callbacks_resume.py", "resume", str(tmp_path / "snap"), str(tmp_path / "res.npz")))
+
+    assert resumed["restored_step"] == 60
+    # steps_per_execution=5: the first execution after the resume ends at step 65.
+    assert resumed["first_batch_end"] == 65 and resumed["executions"] == 8
+    assert full["iterations"] == resumed["iterations"] == 100
+    assert resumed["snapshots"] == [60, 80, 100]
+    want, got = np.load(tmp_path / "full.npz"), np.load(tmp_path / "res.npz")
+    assert sorted(want.files) == sorted(got.files) and "table" in want.files and "slot1" in want.files
+    for name in want.files:
+        np.testing.assert_allclose(got[name], want[name], atol=1e-5, err_msg=name)
+
+
+@pytest.mark.processes
+def test_three_workers_one_slow_gives_stale_gradients_and_drop_counts_them(tmp_path):
+    report = _report(run_script("callbacks_stale.py", str(tmp_path)))
+    drop, scale = report["drop"], report["scale"]
+    # Stale gradients appear, and drop skips exactly those above the bound (1).
+    assert drop["stale_above_bound"] > 0, drop
+    assert sum(drop["dropped"]) == drop["stale_above_bound"]
+    assert drop["applied"] == drop["steps"] - sum(drop["dropped"])
+    assert drop["histogram_total"] == drop["steps"]  # every step was measured once
+    assert max(drop["staleness_max"]) >= 2
+    # scale drops nothing.
+    assert sum(scale["dropped"]) == 0 and scale["applied"] == scale["steps"]
+    assert max(scale["staleness_max"]) >= 1
+    assert scale["monitor"]["ps/0/rss_bytes"] > 50e6  # a TF process holds at least 50 MB
+    assert scale["monitor"]["staleness/mean"] >= 0

@@ -1,0 +1,909 @@
+"""Keras callbacks that make asynchronous parameter-server training predictable.
+
+* `PeriodicSync`: every N steps, a barrier and an atomic snapshot (model,
+  optimizer slots, step counter, DynamicEmbedding tables); `fit` resumes from
+  the newest complete snapshot, skipping the steps already done.
+* `StalenessBound`: measures how stale each gradient is (a version counter on
+  a ps task) and drops or down-weights gradients that are too stale.
+* `ClusterMonitor`: TensorBoard scalars for the cluster (throughput, bytes
+  per ps task, gradient sparsity, staleness, snapshot time, retried closures,
+  ps memory).
+
+All three run their batch hooks under `ParameterServerStrategy` (they accept
+remote values: `_supports_tf_logs`). The per-step measurements are made by one
+shared probe per model (`_StepProbe`), which wraps `train_step` and the
+optimizer's apply through `tf_psx._compat`; the public classes only configure
+it and read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+import weakref
+from typing import Any, Literal
+
+import numpy as np
+import tensorflow as tf
+
+from tf_psx import _compat
+
+__all__ = ["StalenessBound", "PeriodicSync", "ClusterMonitor", "Snapshot"]
+
+logger = logging.getLogger("tf_psx")
+_keras = _compat.keras()
+
+Policy = Literal["drop", "scale"]
+POLICIES = ("drop", "scale")
+# Staleness values are counted exactly up to STALENESS_BINS - 1; larger ones
+# share the last bin. A step is rarely staler than a few times the number of
+# workers, so 64 bins are exact for clusters of up to about 20 workers.
+STALENESS_BINS = 64
+# Snapshot directories are named after the global step, zero-padded so that
+# names sort like steps (12 digits: a trillion steps).
+SNAPSHOT_PREFIX = "snapshot-"
+_SNAPSHOT_RE = re.compile(r"^snapshot-(\d{12})$")
+_STEP_DIGITS = 12
+# A snapshot is written under this prefix, then renamed; a directory with this
+# prefix is an interrupted write and is never restored.
+TMP_PREFIX = ".tmp-snapshot-"
+# Written last, inside the snapshot: a snapshot without it is incomplete.
+MANIFEST = "snapshot.json"
+CHECKPOINT_NAME = "ckpt"
+# ClusterMonitor: often enough to see a trend within one epoch of a test run,
+# rare enough that its remote reads (about 10 small ones) cost < 1 % of steps.
+DEFAULT_MONITOR_STEPS = 100
+# Bytes of one TFRA table key (int64).
+_TFRA_KEY_BYTES = 8
+_PS_TASK_RE = re.compile(r"/job:ps/replica:\d+/task:(\d+)")
+
+
+def _check_int(owner: str, name: str, value: Any, minimum: int, example: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(
+            f"Argument `{name}` of {owner} must be an int >= {minimum}. Received: {value!r}. "
+            f"Fix: pass e.g. {example}."
+        )
+    return int(value)
+
+
+def _check_path(owner: str, name: str, value: Any) -> str:
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise ValueError(
+            f"Argument `{name}` of {owner} must be a non-empty directory path (str or os.PathLike). "
+            f"Received: {value!r}. Fix: pass e.g. {name}=\"/tmp/run1\"."
+        )
+    return os.fspath(value)
+
+
+def _ps_task(device: str) -> int | None:
+    match = _PS_TASK_RE.search(device or "")
+    return int(match.group(1)) if match else None
+
+
+def _components(variable) -> list:
+    """The real variables behind `variable` (the shards of a ShardedVariable)."""
+    return list(getattr(variable, "variables", None) or [variable]) if _is_sharded(variable) else [variable]
+
+
+def _is_sharded(variable) -> bool:
+    return isinstance(variable, tf.__internal__.distribute.ShardedVariable)
+
+
+# ----------------------------------------------------------------------------
+# The shared per-model probe.
+
+
+class _StepProbe:
+    """Counters on the ps tasks, updated by every training step of one model.
+
+    Installed by whichever callback needs it, removed when the last one is
+    done. Under ParameterServerStrategy the counters live on the ps tasks, so
+    the steps of every worker update the same counters. Under a strategy with
+    one replica and no coordinator (the default strategy) only the examples,
+    steps and rows counters are kept; staleness is 0 by construction there.
+    """
+
+    def __init__(self, model):
+        self._model = weakref.ref(model)
+        strategy = model.distribute_strategy
+        self.is_ps = _compat.is_parameter_server_strategy(strategy)
+        self.enabled = self.is_ps or strategy.num_replicas_in_sync == 1
+        self.policy: tuple[str, int] | None = None
+        self._holders: dict[int, tuple[str, int] | None] = {}
+        self._installed: tuple | None = None
+        self._undo: list = []
+        self._frames: list[dict] = []
+        self._epoch_key = None
+        self.groups: dict[int, str] = {}  # id(variable) -> embedding name
+        self.embedding_rows: dict[str, Any] = {}  # name -> int rows, or a DynamicEmbedding layer
+        self._keep_alive: list = []
+        if not self.enabled:
+            return
+        scope = strategy.scope() if self.is_ps else _NullScope()
+        with scope:
+            def counter(name, shape=()):
+                return tf.Variable(tf.zeros(shape, tf.int64), trainable=False, name=f"tf_psx_{name}")
+
+            self.version = counter("version")
+            self.steps = counter("steps")
+            self.examples = counter("examples")
+            self.staleness_sum = counter("staleness_sum")
+            self.dropped = counter("dropped")
+            self.histogram = counter("staleness_histogram", [STALENESS_BINS])
+            self.epoch_max = counter("staleness_epoch_max", [1])
+            self.rows = {}
+            for name, variables, rows in self._embeddings(model):
+                self.rows[name] = counter(f"rows_touched_{len(self.rows)}")
+                self.embedding_rows[name] = rows
+                for variable in variables:
+                    for component in [variable, *_components(variable)]:
+                        self.groups[id(component)] = name
+                        self._keep_alive.append(component)
+
+    @staticmethod
+    def _embeddings(model):
+        from tf_psx.layers import DynamicEmbedding  # pylint: disable=import-outside-toplevel
+
+        seen = set()
+        for layer in [model, *model.submodules]:
+            if id(layer) in seen:
+                continue
+            seen.add(id(layer))
+            if isinstance(layer, DynamicEmbedding):
+                yield layer.name, list(layer.trainable_weights), layer
+            elif isinstance(layer, _keras.layers.Embedding):
+                yield layer.name, list(layer.trainable_weights), int(layer.input_dim)
+
+    # -- configuration -------------------------------------------------------
+
+    def acquire(self, holder, policy: tuple[str, int] | None = None) -> None:
+        self._holders[id(holder)] = policy
+        policies = [p for p in self._holders.values() if p is not None]
+        if len(set(policies)) > 1:
+            raise ValueError(
+                f"Two StalenessBound callbacks with different settings were passed to one fit: {sorted(set(policies))}. "
+                "Fix: pass one StalenessBound."
+            )
+        self.policy = policies[0] if policies else None
+        self._install()
+
+    def release(self, holder) -> None:
+        self._holders.pop(id(holder), None)
+        if not self._holders:
+            self._uninstall()
+
+    def _install(self) -> None:
+        model = self._model()
+        if not self.enabled or model is None:
+            return
+        wanted = (self.policy, id(model.optimizer))
+        if self._installed == wanted:
+            return
+        self._uninstall(rebuild=False)
+        self._undo = [
+            _compat.wrap_train_step(model, self._wrap_train_step),
+            _compat.wrap_optimizer_apply(model.optimizer, self._wrap_apply),
+        ]
+        self._installed = wanted
+        _compat.rebuild_train_function(model)
+
+    def _uninstall(self, rebuild: bool = True) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo = []
+        if self._installed is not None and rebuild and self._model() is not None:
+            _compat.forget_train_function(self._model())
+        self._installed = None
+
+    # -- the wrappers (run while tf.function traces a step) ------------------
+
+    def _wrap_train_step(self, original):
+        def train_step(data):
+            frame: dict = {}
+            deps = []
+            if self.is_ps:
+                # Read the version before any parameter: the control
+                # dependency makes every read inside the step wait for it.
+                frame["version"] = self.version.read_value()
+                deps.append(frame["version"])
+            self._frames.append(frame)
+            try:
+                with tf.control_dependencies(deps):
+                    outputs = original(data)
+            finally:
+                self._frames.pop()
+            first = tf.nest.flatten(data)[0]
+            with tf.control_dependencies(tf.nest.flatten(outputs)):
+                self.examples.assign_add(tf.cast(tf.shape(first)[0], tf.int64))
+                self.steps.assign_add(1)
+            return outputs
+
+        return train_step
+
+    def _wrap_apply(self, original):
+        def apply(distribution, grads_and_vars, **kwargs):
+            if not self._frames:  # an apply outside fit's train_step
+                return original(distribution, grads_and_vars, **kwargs)
+            frame = self._frames[-1]
+            grads_and_vars = list(grads_and_vars)
+            records = self._record_rows(grads_and_vars)
+            if not self.is_ps:
+                with tf.control_dependencies(records):
+                    return original(distribution, grads_and_vars, **kwargs)
+            # The version is read once the gradients exist, right before the apply.
+            ready = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in grads_and_vars if g is not None]
+            with tf.control_dependencies(ready):
+                now = self.version.read_value()
+            staleness = tf.maximum(now - frame["version"], 0)
+            records += [
+                self.staleness_sum.assign_add(staleness),
+                self.histogram.scatter_add(tf.IndexedSlices(
+                    tf.ones([1], tf.int64), tf.reshape(tf.minimum(staleness, STALENESS_BINS - 1), [1]))),
+                self.epoch_max.scatter_max(tf.IndexedSlices(tf.reshape(staleness, [1]), tf.zeros([1], tf.int64))),
+            ]
+            name, bound = self.policy or ("none", 0)
+            if name == "scale":
+                factor = 1.0 / (1.0 + tf.cast(staleness, tf.float64))
+                grads_and_vars = [(_scaled(g, factor), v) for g, v in grads_and_vars]
+            if name == "drop":
+                def apply_update():
+                    with tf.control_dependencies([original(distribution, grads_and_vars, **kwargs)]):
+                        return tf.constant(1, tf.int64)
+
+                applied = tf.cond(staleness <= bound, apply_update, lambda: tf.constant(0, tf.int64))
+            else:
+                with tf.control_dependencies([original(distribution, grads_and_vars, **kwargs)]):
+                    applied = tf.constant(1, tf.int64)
+            records.append(self.dropped.assign_add(1 - applied))
+            with tf.control_dependencies(records):
+                return self.version.assign_add(applied)
+
+        return apply
+
+    def _record_rows(self, grads_and_vars) -> list:
+        records = []
+        for gradient, variable in grads_and_vars:
+            name = self.groups.get(id(variable))
+            if name is not None and isinstance(gradient, tf.IndexedSlices):
+                touched = tf.size(tf.unique(gradient.indices).y, out_type=tf.int64)
+                records.append(self.rows[name].assign_add(touched))
+        return records
+
+    # -- reading (eager, on the coordinator) ----------------------------------
+
+    def begin_epoch(self, run_id, epoch: int) -> None:
+        """Resets the per-epoch maximum once per epoch, whoever calls first."""
+        if not self.enabled or self._epoch_key == (run_id, epoch):
+            return
+        self._epoch_key = (run_id, epoch)
+        self.join()
+        self.epoch_max.assign(tf.zeros([1], tf.int64))
+
+    def join(self) -> None:
+        model = self._model()
+        if self.is_ps and model is not None:
+            _coordinator(model).join()
+
+    def totals(self) -> dict:
+        """Cumulative counters (numpy), read from the ps tasks."""
+        if not self.enabled:
+            return {"steps": 0, "examples": 0, "staleness_sum": 0, "dropped": 0, "epoch_max": 0,
+                    "histogram": np.zeros(STALENESS_BINS, np.int64), "rows": {}}
+        return {
+            "steps": int(self.steps.numpy()),
+            "examples": int(self.examples.numpy()),
+            "staleness_sum": int(self.staleness_sum.numpy()),
+            "dropped": int(self.dropped.numpy()),
+            "epoch_max": int(self.epoch_max.numpy()[0]),
+            "histogram": np.asarray(tf.convert_to_tensor(self.histogram).numpy()),
+            "rows": {name: int(var.numpy()) for name, var in self.rows.items()},
+        }
+
+
+class _NullScope:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _scaled(gradient, factor):
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.values.dtype),
+                                gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(factor, gradient.dtype)
+
+
+_PROBES: "weakref.WeakKeyDictionary[Any, _StepProbe]" = weakref.WeakKeyDictionary()
+# Seconds of every snapshot PeriodicSync wrote for a model (ClusterMonitor reads them).
+_SNAPSHOT_SECONDS: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+
+
+def _probe(model) -> _StepProbe:
+    probe = _PROBES.get(model)
+    if probe is None:
+        probe = _PROBES[model] = _StepProbe(model)
+    return probe
+
+
+def _coordinator(model):
+    return tf.distribute.experimental.coordinator.ClusterCoordinator(model.distribute_strategy)
+
+
+def _stats_between(start: dict, end: dict) -> dict:
+    steps = end["steps"] - start["steps"]
+    histogram = end["histogram"] - start["histogram"]
+    counted = int(histogram.sum())
+    total = end["staleness_sum"] - start["staleness_sum"]
+    return {
+        "staleness_mean": float(total / counted) if counted else 0.0,
+        "staleness_max": int(end["epoch_max"]),
+        "dropped_gradients": int(end["dropped"] - start["dropped"]),
+        "steps": steps,
+        "histogram": histogram,
+    }
+
+
+class _RunCallback(_keras.callbacks.Callback):
+    """A callback whose batch hooks run under ParameterServerStrategy."""
+
+    def __init__(self):
+        super().__init__()
+        # tf-keras skips batch hooks of callbacks that need numpy logs under
+        # ParameterServerStrategy; ours never read the logs' values.
+        self._supports_tf_logs = True
+        self._run_id = None
+
+    def on_train_begin(self, logs=None):
+        self._run_id = uuid.uuid4().hex
+
+
+# ----------------------------------------------------------------------------
+# StalenessBound
+
+
+class StalenessBound(_RunCallback):
+    """Drops or down-weights gradients computed from parameters that are too old.
+
+    The staleness of a gradient is the number of updates that other steps
+    applied between this step's read of the parameters and its own apply.
+    It is measured with an int64 version counter on a ps task: each step
+    reads it before it reads any parameter, reads it again just before its
+    apply, and adds 1 after applying. Policies:
+
+    * `"drop"`: skip the apply (the whole update, `optimizer.iterations`
+      included) when staleness > `max_staleness`;
+    * `"scale"`: multiply the gradients by `1 / (1 + staleness)`; for SGD
+      this scales the update, for Adam-like optimizers it scales what enters
+      the moments.
+
+    After each epoch the logs (so the History and a TensorBoard callback
+    placed after this one) get `staleness_mean`, `staleness_max` and
+    `dropped_gradients` of that epoch.
+
+    Example (a default-strategy model has no staleness; see
+    docs/guides/staleness.md for a cluster run):
+
+    >>> import numpy as np, tensorflow as tf, tf_psx
+    >>> model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> bound = tf_psx.callbacks.StalenessBound(max_staleness=2, policy="drop")
+    >>> history = model.fit(np.ones((8, 2)), np.ones(8), epochs=1, verbose=0, callbacks=[bound])
+    >>> history.history["staleness_max"], history.history["dropped_gradients"]
+    ([0], [0])
+
+    Args:
+      max_staleness: int >= 0, the largest staleness a gradient may have
+        (`drop`), or the point from which it counts (`scale`: it is applied to
+        every gradient whose staleness exceeds `max_staleness`; 0 scales all
+        stale gradients).
+      policy: `"drop"` or `"scale"`.
+
+    Raises:
+      ValueError: a bad `max_staleness` or `policy`.
+
+    How close the bound is: the read before the apply and the increment after
+    it are separate ops, not one atomic step. An update that another worker
+    applies between this step's check and its increment is not seen by this
+    step, so a step may apply with a true staleness up to
+    `max_staleness + (num_workers - 1)` (each other worker can slip in at most
+    one apply in that window; it is measured as 0-1 extra in practice, since
+    the window is one apply long). The version is read before the first
+    parameter read, and parameters are not all read at one instant, so the
+    measured staleness never undercounts the updates since the step started.
+
+    Known limitations:
+      * Only measures under `ParameterServerStrategy`. Under the default
+        strategy or CentralStorageStrategy updates are synchronous, nothing
+        is stale, and the callback is a no-op that logs zeros.
+      * Needs a tf.keras (2.16) optimizer, not a legacy one.
+      * The train function is traced again when fit starts with this
+        callback, and after fit ends without it.
+    """
+
+    def __init__(self, max_staleness: int, policy: Policy = "drop"):
+        super().__init__()
+        self.max_staleness = _check_int("StalenessBound", "max_staleness", max_staleness, 0,
+                                        'StalenessBound(max_staleness=2, policy="drop")')
+        if policy not in POLICIES:
+            raise ValueError(
+                f"Argument `policy` of StalenessBound must be one of {', '.join(repr(p) for p in POLICIES)}. "
+                f"Received: {policy!r}. Fix: pass policy=\"drop\" to skip stale gradients or "
+                "policy=\"scale\" to down-weight them."
+            )
+        self.policy = policy
+        self._start = None
+        self.histogram = np.zeros(STALENESS_BINS, np.int64)
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        self._probe = _probe(self.model)
+        self._probe.acquire(self, (self.policy, self.max_staleness) if self._probe.is_ps else None)
+        self.histogram = np.zeros(STALENESS_BINS, np.int64)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._probe.begin_epoch(self._run_id, epoch)
+        self._start = self._probe.totals()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._probe.join()
+        stats = _stats_between(self._start, self._probe.totals())
+        self.histogram = self.histogram + stats["histogram"]
+        if logs is not None:
+            logs["staleness_mean"] = stats["staleness_mean"]
+            logs["staleness_max"] = stats["staleness_max"]
+            logs["dropped_gradients"] = stats["dropped_gradients"]
+
+    def on_train_end(self, logs=None):
+        self._probe.release(self)
+
+
+# ----------------------------------------------------------------------------
+# PeriodicSync
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """A complete snapshot written by PeriodicSync.
+
+    Attributes:
+      path: the snapshot directory.
+      step: the global step it was taken after (steps done since step 0).
+      epoch: the epoch that step belongs to (0-based).
+      step_in_epoch: steps of `epoch` done at that point.
+      steps_per_epoch: fit's steps per epoch then (None if unknown).
+      seconds: how long the barrier and the write took.
+    """
+
+    path: str
+    step: int
+    epoch: int
+    step_in_epoch: int
+    steps_per_epoch: int | None
+    seconds: float
+
+    @property
+    def checkpoint(self) -> str:
+        """The `tf.train.Checkpoint` prefix inside the snapshot."""
+        return os.path.join(self.path, CHECKPOINT_NAME)
+
+    def resume_point(self, steps_per_epoch: int | None) -> tuple[int, int]:
+        """(epoch, step in epoch) at which fit continues after this snapshot."""
+        if steps_per_epoch:
+            return divmod(self.step, steps_per_epoch)
+        if self.steps_per_epoch and self.step_in_epoch >= self.steps_per_epoch:
+            return self.epoch + 1, 0
+        return self.epoch, self.step_in_epoch
+
+
+def _read_manifest(path: str) -> Snapshot | None:
+    try:
+        with open(os.path.join(path, MANIFEST), encoding="utf-8") as handle:
+            data = json.load(handle)
+        snapshot = Snapshot(path=path, step=int(data["step"]), epoch=int(data["epoch"]),
+                            step_in_epoch=int(data["step_in_epoch"]),
+                            steps_per_epoch=data.get("steps_per_epoch"), seconds=float(data.get("seconds", 0.0)))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not os.path.exists(snapshot.checkpoint + ".index"):
+        return None
+    return snapshot
+
+
+def _hook_before_commit(path: str) -> None:  # pylint: disable=unused-argument
+    """Called after a snapshot is written and before it is renamed (a seam for crash tests)."""
+
+
+class PeriodicSync(_RunCallback):
+    """Every N steps: a barrier, then an atomic snapshot; fit resumes from the newest.
+
+    Every `every_n_steps` steps (counted over the whole run, across epochs):
+
+    1. `coordinator.join()` waits until no step is in flight, so the
+       snapshot holds the effect of exactly the steps done;
+    2. the coordinator writes the model, the optimizer (slots and
+       `iterations`) and every DynamicEmbedding table (their `tf.train.Checkpoint`
+       dependencies) to `<directory>/.tmp-snapshot-<step>-<id>/`, then a
+       manifest with the step counter, then renames the directory to
+       `<directory>/snapshot-<step>`. A crash at any point leaves either no
+       new snapshot or a temporary directory that is never restored;
+    3. the steps scheduled next read the parameters as saved: every worker
+       starts from the same state.
+
+    When `fit` starts, the newest complete snapshot is restored (an older
+    one if the newest cannot be read) and fit continues from its step, like
+    `tf.keras.callbacks.BackupAndRestore`: the steps already done are not run
+    again. Only the newest `max_to_keep` snapshots are kept. Each snapshot
+    is logged with its duration; `snapshot_seconds` keeps the durations.
+
+    Example:
+
+    >>> import tempfile, numpy as np, tensorflow as tf, tf_psx
+    >>> directory = tempfile.mkdtemp()
+    >>> def build():
+    ...     model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    ...     model.compile("sgd", "mse")
+    ...     return model
+    >>> x, y = np.ones((40, 2)), np.ones(40)
+    >>> sync = tf_psx.callbacks.PeriodicSync(every_n_steps=4, directory=directory)
+    >>> _ = build().fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[sync])
+    >>> [s.step for s in tf_psx.callbacks.PeriodicSync.snapshots(directory)]
+    [4, 8, 10]
+    >>> resumed = build()
+    >>> history = resumed.fit(x, y, batch_size=4, epochs=2, verbose=0,
+    ...                       callbacks=[tf_psx.callbacks.PeriodicSync(4, directory)])
+    >>> len(history.history["loss"]), int(resumed.optimizer.iterations.numpy())  # only epoch 2 ran
+    (1, 20)
+
+    Args:
+      every_n_steps: int >= 1, steps between snapshots.
+      directory: where snapshots go (a local or POSIX filesystem: the commit
+        is a directory rename). Use one directory per training run.
+      max_to_keep: int >= 1, complete snapshots kept.
+
+    Attributes:
+      restored: the `Snapshot` restored when the last fit started, or None.
+      snapshot_seconds: seconds of each snapshot this callback wrote.
+
+    Raises:
+      ValueError: bad arguments, or BackupAndRestore in the same fit.
+
+    Known limitations:
+      * The position in the input data is not saved: after a resume the
+        dataset starts from its beginning. Use a shuffled, repeated dataset
+        (any order is as good), or skip `PeriodicSync.latest(directory).step`
+        batches yourself (docs/guides/staleness.md shows how).
+      * A snapshot is also written at the end of fit (when its step is not
+        one already); a fit whose snapshot is already at its last step runs
+        no step and tf-keras raises "Unexpected result of train_function".
+        Raise `epochs`, or use a fresh directory, to train again.
+      * Under ParameterServerStrategy the barrier stalls the workers while
+        the coordinator writes; the cost is in `snapshot_seconds`.
+    """
+
+    def __init__(self, every_n_steps: int, directory, max_to_keep: int = 3):
+        super().__init__()
+        self.every_n_steps = _check_int("PeriodicSync", "every_n_steps", every_n_steps, 1,
+                                        'PeriodicSync(every_n_steps=100, directory="/tmp/run1")')
+        self.directory = _check_path("PeriodicSync", "directory", directory)
+        self.max_to_keep = _check_int("PeriodicSync", "max_to_keep", max_to_keep, 1,
+                                      'PeriodicSync(100, "/tmp/run1", max_to_keep=3)')
+        self.restored: Snapshot | None = None
+        self.snapshot_seconds: list[float] = []
+        self._step = 0
+        self._epoch = 0
+        self._epoch_start = 0
+        self._last_saved = -1
+        self._checkpoint = None
+
+    # -- finding snapshots (usable without a model) ---------------------------
+
+    @staticmethod
+    def snapshots(directory) -> list[Snapshot]:
+        """The complete snapshots in `directory`, oldest first."""
+        directory = os.fspath(directory)
+        if not os.path.isdir(directory):
+            return []
+        found = []
+        for name in os.listdir(directory):
+            if _SNAPSHOT_RE.match(name):
+                snapshot = _read_manifest(os.path.join(directory, name))
+                if snapshot is not None:
+                    found.append(snapshot)
+        return sorted(found, key=lambda s: s.step)
+
+    @staticmethod
+    def latest(directory) -> Snapshot | None:
+        """The newest complete snapshot in `directory`, or None."""
+        found = PeriodicSync.snapshots(directory)
+        return found[-1] if found else None
+
+    # -- fit hooks ------------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        model = self.model
+        strategy = model.distribute_strategy
+        self._is_ps = _compat.is_parameter_server_strategy(strategy)
+        self._writes = bool(getattr(strategy.extended, "should_checkpoint", True))
+        self._seconds = _SNAPSHOT_SECONDS.setdefault(model, [])
+        if model.optimizer is not None and not getattr(model.optimizer, "_built", False):
+            # Slots must exist before a restore so that it fills them now.
+            # The name scope gives the slots the names apply_gradients would.
+            with strategy.scope(), tf.name_scope(model.optimizer.name):
+                model.optimizer.build(model.trainable_variables)
+        self._checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+        if self._writes:
+            os.makedirs(self.directory, exist_ok=True)
+            for name in os.listdir(self.directory):
+                if name.startswith(TMP_PREFIX):  # left by an interrupted write
+                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+        steps = (self.params or {}).get("steps")
+        self.restored = self._restore_newest()
+        self._step, self._resume_in_epoch = 0, 0
+        if self.restored is not None:
+            epoch, in_epoch = self.restored.resume_point(steps)
+            _compat.set_initial_counters(model, epoch, in_epoch)
+            self._step, self._resume_in_epoch = self.restored.step, in_epoch
+            logger.info("PeriodicSync: restored %s (step %d); fit continues at epoch %d, step %d",
+                        self.restored.path, self.restored.step, epoch + 1, in_epoch)
+        self._last_saved = self._step
+
+    def _restore_newest(self) -> Snapshot | None:
+        for snapshot in reversed(self.snapshots(self.directory)):
+            try:
+                self._checkpoint.restore(snapshot.checkpoint).expect_partial()
+                return snapshot
+            except (tf.errors.OpError, ValueError, AssertionError) as error:
+                logger.warning("PeriodicSync: cannot restore %s (%s); trying an older snapshot",
+                               snapshot.path, str(error).splitlines()[0] if str(error) else type(error).__name__)
+        return None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._epoch_start = self._step - self._resume_in_epoch
+        self._resume_in_epoch = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        # `batch` is the index of the last step of the execution in this epoch.
+        self._step = self._epoch_start + int(batch) + 1
+        if self._step // self.every_n_steps > self._last_saved // self.every_n_steps:
+            self._snapshot()
+
+    def on_train_end(self, logs=None):
+        if self._step > self._last_saved:
+            self._snapshot()
+        _compat.clear_initial_counters(self.model)
+
+    def _snapshot(self) -> None:
+        start = time.perf_counter()
+        if self._is_ps:
+            _coordinator(self.model).join()
+        barrier = time.perf_counter() - start
+        step, in_epoch = self._step, self._step - self._epoch_start
+        if self._writes:
+            tmp = os.path.join(self.directory, f"{TMP_PREFIX}{step:0{_STEP_DIGITS}d}-{uuid.uuid4().hex[:8]}")
+            os.makedirs(tmp)
+            self._checkpoint.write(os.path.join(tmp, CHECKPOINT_NAME))
+            seconds = time.perf_counter() - start
+            manifest = {"step": step, "epoch": self._epoch, "step_in_epoch": in_epoch,
+                        "steps_per_epoch": (self.params or {}).get("steps"), "seconds": seconds,
+                        "time": time.time()}
+            with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as handle:
+                json.dump(manifest, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            _hook_before_commit(tmp)
+            final = os.path.join(self.directory, f"{SNAPSHOT_PREFIX}{step:0{_STEP_DIGITS}d}")
+            if os.path.exists(final):  # incomplete leftover of an earlier run (no manifest)
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            self._prune()
+        seconds = time.perf_counter() - start
+        self._last_saved = step
+        self.snapshot_seconds.append(seconds)
+        self._seconds.append(seconds)
+        logger.info("PeriodicSync: snapshot of step %d in %.2f s (barrier %.2f s)", step, seconds, barrier)
+
+    def _prune(self) -> None:
+        for snapshot in self.snapshots(self.directory)[:-self.max_to_keep]:
+            shutil.rmtree(snapshot.path, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------
+# ClusterMonitor
+
+
+class ClusterMonitor(_RunCallback):
+    """Writes TensorBoard scalars about the cluster every N steps.
+
+    Tags (`<i>` is a ps task, `<name>` an embedding layer):
+
+    | tag | what |
+    |---|---|
+    | `throughput/examples_per_sec` | examples the cluster finished per second since the last write |
+    | `throughput/step_time_ms` | wall ms per finished step (all workers together) |
+    | `ps/<i>/variable_bytes` | bytes of the dense and sharded variables on ps task i (model and optimizer) |
+    | `ps/<i>/table_bytes` | bytes of the TFRA tables (and their slots) on ps task i: keys plus values |
+    | `sparsity/<name>` | mean fraction of the rows of the embedding that a step touched |
+    | `staleness/mean`, `staleness/max`, `staleness/dropped` | mean staleness of the steps since the last write, the epoch's max so far, gradients dropped since the last write |
+    | `sync/snapshot_seconds` | seconds of the latest PeriodicSync snapshot (written once there is one) |
+    | `cluster/closure_retries` | closures the coordinator ran again after a worker failure, since fit began |
+    | `ps/<i>/rss_bytes` | resident memory of ps task i (only for `LocalCluster(processes=True)`, passed as `cluster`) |
+
+    Example:
+
+    >>> import tempfile, numpy as np, tensorflow as tf, tf_psx
+    >>> log_dir = tempfile.mkdtemp()
+    >>> model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> monitor = tf_psx.callbacks.ClusterMonitor(log_dir, every_n_steps=2)
+    >>> _ = model.fit(np.ones((16, 2)), np.ones(16), batch_size=4, verbose=0, callbacks=[monitor])
+    >>> "throughput/examples_per_sec" in monitor.last_values
+    True
+
+    Args:
+      log_dir: the TensorBoard log directory (events go to `<log_dir>/cluster`).
+      every_n_steps: int >= 1, steps between writes.
+      cluster: the `tf_psx.LocalCluster` the strategy runs on, for the ps
+        RSS; optional.
+
+    Attributes:
+      last_values: {tag: value} of the last write.
+
+    Raises:
+      ValueError: bad arguments.
+
+    Known limitations:
+      * Under the default strategy there is one ps-less process: no ps tags,
+        staleness 0. Under CentralStorageStrategy (several replicas) only the
+        snapshot seconds are written.
+      * Counters are read while steps run, so one write may include a step
+        or two that was finishing.
+      * Retries before fit started are not counted.
+    """
+
+    def __init__(self, log_dir, every_n_steps: int = DEFAULT_MONITOR_STEPS, cluster=None):
+        super().__init__()
+        self.log_dir = _check_path("ClusterMonitor", "log_dir", log_dir)
+        self.every_n_steps = _check_int("ClusterMonitor", "every_n_steps", every_n_steps, 1,
+                                        'ClusterMonitor("/tmp/logs", every_n_steps=100)')
+        if cluster is not None and not all(hasattr(cluster, attr) for attr in ("pid", "processes", "config")):
+            raise ValueError(
+                "Argument `cluster` of ClusterMonitor must be None or a tf_psx.LocalCluster. "
+                f"Received: {cluster!r}. Fix: pass the LocalCluster the strategy was built on, or nothing."
+            )
+        self.cluster = cluster
+        self.last_values: dict[str, float] = {}
+        self._writer = None
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        model = self.model
+        self._probe = _probe(model)
+        self._probe.acquire(self, None)
+        self._retries = _compat.closure_retries(_coordinator(model)) if self._probe.is_ps else None
+        self._retries_start = self._retries.count if self._retries else 0
+        if self._writer is None:
+            with tf.init_scope():
+                self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "cluster"))
+        self._seconds = _SNAPSHOT_SECONDS.setdefault(model, [])
+        self._seconds_seen = len(self._seconds)
+        self._batches = 0
+        self._mark = (time.perf_counter(), self._probe.totals())
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._probe.begin_epoch(self._run_id, epoch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._batches += 1
+        if self._batches % self.every_n_steps == 0:
+            self._write()
+
+    def on_train_end(self, logs=None):
+        self._probe.join()
+        self._write(final=True)
+        self._writer.flush()
+        self._probe.release(self)
+
+    # -- measurements ---------------------------------------------------------
+
+    def _write(self, final: bool = False) -> None:
+        now, totals = time.perf_counter(), self._probe.totals()
+        then, before = self._mark
+        values: dict[str, float] = {}
+        elapsed = max(now - then, 1e-9)
+        steps = totals["steps"] - before["steps"]
+        if self._probe.enabled and steps == 0 and (self.last_values or not final):
+            return  # no step finished since the last write (e.g. the first is being traced)
+        if self._probe.enabled:
+            values["throughput/examples_per_sec"] = (totals["examples"] - before["examples"]) / elapsed
+            if steps:
+                values["throughput/step_time_ms"] = 1000.0 * elapsed / steps
+                for name, rows in self._probe.embedding_rows.items():
+                    size = rows if isinstance(rows, int) else max(rows.size(), 1)
+                    touched = totals["rows"][name] - before["rows"][name]
+                    values[f"sparsity/{name}"] = touched / steps / size
+            stats = _stats_between(before, totals)
+            values["staleness/mean"] = stats["staleness_mean"]
+            values["staleness/max"] = float(totals["epoch_max"])
+            values["staleness/dropped"] = float(stats["dropped_gradients"])
+        if self._probe.is_ps:
+            values.update(self._ps_bytes())
+            values["cluster/closure_retries"] = float(self._retries.count - self._retries_start)
+        if self._seconds:
+            values["sync/snapshot_seconds"] = float(self._seconds[-1])
+        values.update(self._ps_rss())
+        step = int(self.model.optimizer.iterations.numpy()) if self.model.optimizer is not None else self._batches
+        with self._writer.as_default(step=step):
+            for tag, value in values.items():
+                tf.summary.scalar(tag, value)
+        self._writer.flush()
+        self.last_values = values
+        self._mark = (now, totals)
+
+    def _ps_bytes(self) -> dict[str, float]:
+        model = self.model
+        num_ps = model.distribute_strategy.extended._num_ps  # pylint: disable=protected-access
+        variable_bytes = [0] * num_ps
+        table_bytes = [0] * num_ps
+        seen = set()
+        candidates = list(model.variables)
+        if model.optimizer is not None:
+            candidates += list(model.optimizer.variables)
+        for variable in candidates:
+            for component in _components(variable):
+                if id(component) in seen:
+                    continue
+                seen.add(id(component))
+                task = _ps_task(getattr(component, "device", ""))
+                if task is not None and task < num_ps and component.shape.is_fully_defined():
+                    variable_bytes[task] += component.shape.num_elements() * component.dtype.size
+        for table_var in self._tfra_variables():
+            row_bytes = _TFRA_KEY_BYTES + int(table_var.dim) * tf.as_dtype(table_var.value_dtype).size
+            for device, table in zip(table_var.devices, table_var.tables):
+                task = _ps_task(device)
+                if task is not None and task < num_ps:
+                    table_bytes[task] += int(table.size()) * row_bytes
+        values = {}
+        for task in range(num_ps):
+            values[f"ps/{task}/variable_bytes"] = float(variable_bytes[task])
+            values[f"ps/{task}/table_bytes"] = float(table_bytes[task])
+        return values
+
+    def _tfra_variables(self) -> list:
+        tables = []
+        for rows in self._probe.embedding_rows.values():
+            if isinstance(rows, int):
+                continue
+            table = rows.table
+            tables.append(table)
+            try:
+                tables.extend(table.get_slot_variables(self.model.optimizer))
+            except (AttributeError, KeyError, TypeError, ValueError):
+                pass  # an optimizer without slots (SGD)
+        return tables
+
+    def _ps_rss(self) -> dict[str, float]:
+        cluster = self.cluster
+        if cluster is None or not cluster.processes:
+            return {}
+        import psutil  # pylint: disable=import-outside-toplevel
+
+        values = {}
+        for task in range(cluster.config.num_ps):
+            try:
+                values[f"ps/{task}/rss_bytes"] = float(psutil.Process(cluster.pid("ps", task)).memory_info().rss)
+            except (psutil.Error, RuntimeError, KeyError, ValueError):
+                continue  # a task that is down right now
+        return values
