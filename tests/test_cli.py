@@ -273,7 +273,7 @@ def test_k8s_unwritable_output(run, tmp_path):
     "argv, status, match",
     [
         ([], 2, "the following arguments are required: COMMAND"),
-        (["launch"], 2, "invalid choice: 'launch'"),
+        (["launch"], 2, "the following arguments are required: --workers, --ps"),
         (["k8s", "--name", "c", "--image", "i", "--workers", "two", "--ps", "1"], 2,
          "argument --workers: invalid int value: 'two'"),
         (["--help"], 0, ""),

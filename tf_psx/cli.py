@@ -7,6 +7,9 @@ Subcommands:
   shard-report
            measure how evenly the ids of a file load the shards of a table,
            and recommend a placement.
+  launch   run a whole parameter-server job on this machine: start the ps
+           and worker tasks, run the command as the chief, restart failed
+           tasks (tf_psx/launch.py).
 
 Every invalid input prints the error (which names the option, the value
 received and the fix) on stderr and exits with status 2, as argparse does for
@@ -443,10 +446,72 @@ def _shard_advice(loads: dict, rows: int, shards: int) -> str:
     )
 
 
+# --- launch ----------------------------------------------------------------
+
+
+def _add_launch(subparsers: Any) -> None:
+    from tf_psx import launch  # pylint: disable=import-outside-toplevel  (TF-free)
+
+    parser = subparsers.add_parser(
+        "launch",
+        help="run a parameter-server job on this machine, restarting failed tasks",
+        description=(
+            "Start --ps parameter servers and --workers workers (python -m tf_psx.server) on free "
+            "loopback ports, then run CMD as the chief with its TF_CONFIG. Task output is streamed "
+            "with a [type:index] prefix and kept in LOG_DIR/<type>-<index>.log. A dead worker is "
+            "restarted; a dead ps restarts the ps tasks and the chief, which resumes from the newest "
+            f"snapshot in ${launch.SNAPSHOT_DIR_ENV}. The exit status is the chief's. Example: tf-psx "
+            "launch --workers 2 --ps 1 -- python train.py"
+        ),
+    )
+    parser.add_argument("--workers", required=True, type=int, metavar="N", help="the number of workers")
+    parser.add_argument("--ps", required=True, type=int, metavar="M", help="the number of parameter servers")
+    parser.add_argument(
+        "--evaluator", action="store_true", help="also run CMD as the side-car evaluator (TF_CONFIG task evaluator:0)"
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=launch.DEFAULT_MAX_RESTARTS,
+        metavar="K",
+        help=f"give up after K task restarts in all (default: {launch.DEFAULT_MAX_RESTARTS})",
+    )
+    parser.add_argument("--log-dir", metavar="D", help="where the per-task logs go (default: a new temporary directory)")
+    parser.add_argument(
+        "--snapshot-dir",
+        metavar="S",
+        help=f"${launch.SNAPSHOT_DIR_ENV} of the chief and the evaluator (default: LOG_DIR/snapshots)",
+    )
+    parser.add_argument(
+        "--isolate", action="store_true", help="run the whole job in a private network namespace (Linux)"
+    )
+    parser.add_argument("command", nargs="*", metavar="CMD", help="after --: the chief's command")
+    parser.set_defaults(run=_run_launch)
+
+
+def _run_launch(args: argparse.Namespace) -> int:
+    from tf_psx import launch  # pylint: disable=import-outside-toplevel  (TF-free)
+
+    try:
+        launcher = launch.Launcher(
+            args.command,
+            workers=args.workers,
+            ps=args.ps,
+            evaluator=args.evaluator,
+            max_restarts=args.max_restarts,
+            log_dir=args.log_dir,
+            snapshot_dir=args.snapshot_dir,
+            isolate=args.isolate,
+        )
+        return launcher.run()
+    except launch.LaunchError as err:
+        raise CommandError(str(err)) from None
+
+
 # --- main ------------------------------------------------------------------
 
 # The subcommands, in the order `tf-psx --help` lists them (see the module docstring).
-_SUBCOMMANDS: list[Callable[[Any], None]] = [_add_config, _add_k8s, _add_shard_report]
+_SUBCOMMANDS: list[Callable[[Any], None]] = [_add_config, _add_k8s, _add_shard_report, _add_launch]
 
 
 def _build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,168 @@
+"""Chaos tests (process tier): kill -9 tasks of a `tf-psx launch` job and check the outcome.
+
+Each test runs tests/scripts/launch_train.py (a 200-row embedding model with
+a known optimum) under the launcher, follows its "tf_psx train step=N" lines
+(N is `optimizer.iterations` read from the ps: steps applied, not steps
+scheduled) and kills tasks at seeded random steps:
+
+* a worker, 3 times: the run completes, every requested step returns its
+  loss to the coordinator exactly once, and the ps step counter is the
+  requested total plus at most one re-applied step per kill (TF re-runs
+  closures at least once; see the test);
+* a ps: the launcher restarts the ps tasks and the chief, which resumes from
+  the newest PeriodicSync snapshot; the work redone is at most one snapshot
+  interval and the final holdout loss is within 1.05x of an undisturbed run's;
+* the chief: the launcher stops, and a second launch resumes from the
+  snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import sys
+
+import pytest
+
+from tf_psx import launch
+
+from launch_harness import SCRIPTS, STEP_RE, LaunchRun, pid_alive
+
+pytestmark = pytest.mark.processes
+
+TRAIN = [sys.executable, os.path.join(SCRIPTS, "launch_train.py")]
+# The kill points are drawn from this seed: a failure can be replayed.
+SEED = 20240605
+# Steps between snapshots, and the run: 3 epochs of 40 steps.
+EVERY = 20
+EPOCHS, STEPS = 3, 40
+TOTAL = EPOCHS * STEPS
+# The chief waits this long after each batch, so that a run lasts long enough
+# to be hit at the chosen steps (a tiny step takes ~2 ms).
+STEP_SLEEP_S = "0.05"
+# The issue's bound on the final holdout loss after a ps failure.
+LOSS_TOLERANCE = 1.05
+START_RE = re.compile(r"^\[chief:0\] tf_psx train start step=(?P<step>\d+) attempt=(?P<attempt>\d+) pid=(?P<pid>\d+)")
+RESULT_RE = re.compile(r"^\[chief:0\] RESULT (?P<json>\{.*\})$")
+
+
+def _train_args(epochs=EPOCHS, steps=STEPS, every=EVERY):
+    return [*TRAIN, "--epochs", str(epochs), "--steps", str(steps), "--every", str(every), "--step-sleep", STEP_SLEEP_S]
+
+
+def _result(run: LaunchRun) -> dict:
+    _, match = run.wait_for(RESULT_RE, timeout=1)
+    return json.loads(match["json"])
+
+
+def _step(match) -> int:
+    return int(match["step"])
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory):
+    """The result of the ps-kill test's run without any kill."""
+    tmp = tmp_path_factory.mktemp("undisturbed")
+    with LaunchRun(["--workers", "1", "--ps", "2", "--log-dir", str(tmp)], _train_args()) as run:
+        code = run.wait()
+    assert code == 0, run.output
+    return _result(run)
+
+
+def test_three_worker_kills_lose_no_step(tmp_path):
+    rng = random.Random(SEED)
+    epochs, steps = 3, 60
+    total = epochs * steps
+    # One kill point in each third of the run, so that a restarted worker is
+    # back (it imports TF: seconds) before the next kill.
+    thirds = [(10, 50), (70, 110), (130, 165)]
+    points = [rng.randrange(low, high) for low, high in thirds]
+    killed = []
+    with LaunchRun(
+        ["--workers", "2", "--ps", "1", "--max-restarts", "3", "--log-dir", str(tmp_path)],
+        [*TRAIN, "--epochs", str(epochs), "--steps", str(steps), "--step-sleep", "0.1"],
+    ) as run:
+        index = 0
+        for point in points:
+            index, match = run.wait_for(STEP_RE, start=index, predicate=lambda m, p=point: _step(m) >= p)
+            victim = f"worker:{rng.randrange(2)}"
+            pid = run.pids()[victim]
+            os.kill(pid, signal.SIGKILL)
+            killed.append((victim, pid, _step(match)))
+            index, _ = run.wait_for(rf"^tf-psx launch: {victim} exited with status -9 \(killed by SIGKILL\); restarting it", start=index)
+            index, _ = run.wait_for(rf"^\[{victim}\] tf_psx.server ready", start=index)
+        code = run.wait()
+    assert code == 0, run.output
+    # Every kill hit the run before its end, and each was seen and repaired.
+    assert [step for _, _, step in killed] == sorted(step for _, _, step in killed)
+    assert all(step < total for _, _, step in killed), killed
+    assert run.output.count("restarting it (restart") == 3
+    assert not any(pid_alive(pid) for _, pid, _ in killed)
+    result = _result(run)
+    # ClusterCoordinator re-ran the killed workers' steps elsewhere: fit ran
+    # every epoch, and each of the requested steps returned its loss to the
+    # coordinator exactly once.
+    assert result["epochs_run"] == epochs
+    assert result["steps_with_loss"] == total, (result, killed)
+    # The counter on the ps: TF retries closures at least once, not exactly
+    # once, so a step that a worker applied and then died before it answered
+    # is applied again (measured: 181 of 180 in one run of 3 kills). At most
+    # one step per kill can be counted twice.
+    assert total <= result["iterations"] <= total + len(killed), (result, killed)
+
+
+def test_ps_kill_resumes_from_the_newest_snapshot(tmp_path, undisturbed):
+    rng = random.Random(SEED + 1)
+    point = rng.randrange(EVERY * 2 + 5, TOTAL - EVERY - 5)
+    victim = f"ps:{rng.randrange(2)}"
+    with LaunchRun(
+        ["--workers", "1", "--ps", "2", "--max-restarts", "2", "--log-dir", str(tmp_path)], _train_args()
+    ) as run:
+        index, first = run.wait_for(START_RE)
+        assert (_step(first), first["attempt"]) == (0, "0")
+        index, match = run.wait_for(STEP_RE, start=index, predicate=lambda m: _step(m) >= point)
+        os.kill(run.pids()[victim], signal.SIGKILL)
+        # The newest step the chief saw applied before the kill: a lower bound
+        # of the work done, the snapshot must be at most EVERY behind it.
+        before_kill = max(_step(m) for m in map(STEP_RE.match, run.lines[: index + 1]) if m)
+        index, _ = run.wait_for(rf"^tf-psx launch: {victim} exited with status -9 \(killed by SIGKILL\); restarting the ps tasks", start=index)
+        index, second = run.wait_for(START_RE, start=index)
+        code = run.wait()
+    assert code == 0, run.output
+    resumed = _step(second)
+    assert second["attempt"] == "1" and second["pid"] != first["pid"]
+    # It resumed from a snapshot (not from 0), and redid at most one interval.
+    assert resumed > 0 and resumed % EVERY == 0, resumed
+    assert before_kill - resumed <= EVERY, (before_kill, resumed)
+    result = _result(run)
+    assert result["attempt"] == 1 and result["iterations"] == TOTAL, result
+    assert result["holdout_loss"] <= LOSS_TOLERANCE * undisturbed["holdout_loss"], (result, undisturbed)
+
+
+def test_chief_kill_then_launch_again_resumes(tmp_path):
+    rng = random.Random(SEED + 2)
+    point = rng.randrange(EVERY * 2 + 5, TOTAL - EVERY - 5)
+    snapshots = tmp_path / "snapshots"
+    common = ["--workers", "1", "--ps", "1", "--snapshot-dir", str(snapshots)]
+    with LaunchRun([*common, "--log-dir", str(tmp_path / "first")], _train_args()) as run:
+        index, start = run.wait_for(START_RE)
+        index, _ = run.wait_for(STEP_RE, start=index, predicate=lambda m: _step(m) >= point)
+        os.kill(int(start["pid"]), signal.SIGKILL)
+        before_kill = max(_step(m) for m in map(STEP_RE.match, run.lines[: index + 1]) if m)
+        code = run.wait()
+    # A chief that dies by itself is not restarted: the status is its own.
+    assert code == 128 + signal.SIGKILL, run.output
+    assert f"chief:0 failed with exit status 137; logs in {tmp_path / 'first'}" in run.output
+    assert not any(pid_alive(pid) for pid in run.pids().values())
+    with LaunchRun([*common, "--log-dir", str(tmp_path / "second")], _train_args()) as run:
+        _, start = run.wait_for(START_RE)
+        code = run.wait()
+    assert code == 0, run.output
+    resumed = _step(start)
+    assert resumed > 0 and resumed % EVERY == 0 and before_kill - resumed <= EVERY, (before_kill, resumed)
+    result = _result(run)
+    assert result["iterations"] == TOTAL and result["start_step"] == resumed, result
+    assert launch.TRAINING_DONE_FILE not in os.listdir(snapshots)

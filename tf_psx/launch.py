@@ -1,0 +1,881 @@
+"""The supervisor behind `tf-psx launch`: a whole parameter-server job on this machine.
+
+`Launcher` starts every ps and worker task (`python -m tf_psx.server`, each
+with its own TF_CONFIG, on free loopback ports), waits until they listen, and
+then runs your training command as the chief, with the chief's TF_CONFIG and
+GRPC_FAIL_FAST=use_caller. While the job runs it:
+
+* streams every task's output with a prefix (`[ps:0]`, `[worker:1]`,
+  `[chief:0]`) and keeps it in one log file per task (`<log_dir>/ps-0.log`);
+* restarts a worker that dies, on its old port: `ClusterCoordinator` re-runs
+  the lost worker's steps on the other workers and uses the worker again once
+  it is back;
+* restarts the ps tasks and then the chief when a ps dies: in TF 2.16 a ps
+  failure is fatal to the coordinator, so the chief starts over and resumes
+  from the newest `tf_psx.callbacks.PeriodicSync` snapshot;
+* gives up after `max_restarts` restarts in all, naming the task that failed,
+  its exit status and its log file;
+* stops every task (SIGTERM to each task's process group, SIGKILL after a
+  grace period) on Ctrl-C or SIGTERM, or when the chief exits. The exit
+  status is the chief's.
+
+The contract with the training command:
+  * It runs as the chief: it reads the cluster from TF_CONFIG
+    (`tf_psx.ParameterServerStrategy()` with no argument does) and must not
+    start servers itself.
+  * `TF_PSX_SNAPSHOT_DIR` holds the snapshot directory (`--snapshot-dir`,
+    `<log_dir>/snapshots` by default). Give it to `PeriodicSync` so that a
+    restarted chief resumes where the last snapshot left off; a command that
+    keeps no snapshots starts from step 0 after a ps failure.
+  * `TF_PSX_CHIEF_ATTEMPT` is 0 for the first chief and counts the restarts.
+  * With `evaluator=True` the same command also runs as the side-car
+    evaluator, with TF_CONFIG task `evaluator:0` and a cluster that holds only
+    the evaluator job (`ClusterConfig` keeps it out of the training cluster,
+    tensorflow#46169). The command checks `task_type()` and, for the
+    evaluator, builds the model and its holdout data and calls
+    `run_sidecar_evaluator(model, data)`, which runs tf-keras'
+    `SidecarEvaluator` on the snapshot directory. Once the chief has finished
+    the launcher writes `<snapshot_dir>/TRAINING_DONE`; the evaluator stops
+    after it has evaluated the newest snapshot, or is stopped
+    `EVALUATOR_FINISH_TIMEOUT_S` later.
+
+Security: TensorFlow's gRPC servers have no authentication and listen on
+every interface, even when TF_CONFIG says 127.0.0.1 (docs/security.md). The
+launcher says so in a one-line warning, unless `isolate=True`: then the whole
+job runs in a private network namespace whose only interface is its own
+loopback, and nothing outside the job can reach its ports.
+
+Known limitations:
+  * A chief that fails by itself (not because a ps died) is not restarted:
+    the launcher stops the job and exits with the chief's status. Launch again
+    with the same `--snapshot-dir` to resume from the newest snapshot.
+  * A step that a killed worker had already applied to the ps when it died is
+    run again on another worker (TF retries closures at least once, not
+    exactly once), so `optimizer.iterations` can exceed the steps of `fit` by
+    at most the number of worker failures.
+  * `isolate=True` needs Linux and either root or unprivileged user
+    namespaces; the job cannot then reach the network (data must be local).
+  * The evaluator is not restarted when it fails; its log says why, and
+    training goes on.
+  * All tasks run on this machine. For several machines use TF_CONFIG
+    (`tf-psx config`) or Kubernetes (`tf-psx k8s`).
+
+Example (the CLI; see docs/guides/fault_tolerance.md):
+
+    tf-psx launch --workers 2 --ps 1 --max-restarts 3 -- python train.py
+
+Example (the API, here with a command that only prints its task):
+
+>>> import sys
+>>> code = ("import json, os; c = json.loads(os.environ['TF_CONFIG']); "
+...         "print(c['task'], sorted(c['cluster']))")
+>>> Launcher([sys.executable, "-c", code], workers=1, ps=1, out=sys.stdout,
+...          err=sys.stdout).run()  # doctest: +ELLIPSIS
+tf-psx launch: warning: ...
+...
+[chief:0] {'type': 'chief', 'index': 0} ['chief', 'ps', 'worker']
+tf-psx launch: chief:0 finished with exit status 0; logs in ...
+0
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from tf_psx import _compat
+from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig
+from tf_psx.local import LOOPBACK, TASK_START_TIMEOUT_S, free_ports
+
+__all__ = [
+    "CHIEF_ATTEMPT_ENV",
+    "LaunchError",
+    "Launcher",
+    "SNAPSHOT_DIR_ENV",
+    "TRAINING_DONE_FILE",
+    "run_sidecar_evaluator",
+    "snapshot_dir",
+    "task_type",
+]
+
+PREFIX = "tf-psx launch"
+
+# Environment variables the launcher hands the chief and the evaluator.
+SNAPSHOT_DIR_ENV = "TF_PSX_SNAPSHOT_DIR"
+CHIEF_ATTEMPT_ENV = "TF_PSX_CHIEF_ATTEMPT"
+# Set in the re-executed launcher that already runs in its private namespace.
+_ISOLATED_ENV = "TF_PSX_LAUNCH_ISOLATED"
+# Written into the snapshot directory once the chief has exited with status 0.
+TRAINING_DONE_FILE = "TRAINING_DONE"
+
+# A task restart or two (a preempted worker, an OOM-killed ps) is routine;
+# a task that keeps dying is a bug, and giving up after 3 shows its log within
+# a minute instead of crash-looping.
+DEFAULT_MAX_RESTARTS = 3
+# How often the supervisor looks at its tasks: a dead worker is restarted
+# within this, which is short next to the ~3 s a task needs to import TF.
+POLL_S = 0.1
+# SIGTERM first so that a task can exit on its own; SIGKILL after this.
+STOP_GRACE_S = 5.0
+# A chief that exits with an error is usually reacting to a dead ps; the ps'
+# death (SIGKILL is immediate, a lost pipe takes a poll or two) is looked for
+# this long before the chief's error is taken as its own.
+PS_FAILURE_GRACE_S = 2.0
+# After the chief has finished, the evaluator may still be evaluating the last
+# snapshot: a tiny model's evaluation takes seconds, a big one is stopped.
+EVALUATOR_FINISH_TIMEOUT_S = 60.0
+# How often the evaluator looks for a new snapshot and for TRAINING_DONE:
+# it bounds how late a snapshot is evaluated, at the cost of a directory listing.
+EVALUATOR_POLL_S = 1.0
+# How long a named snapshot may wait for SidecarEvaluator to start on it
+# before the next one is named: restoring a big model takes seconds, a
+# snapshot pruned before it was read is never evaluated.
+EVALUATOR_UNCONSUMED_S = 60.0
+# Shells report death by signal N as exit status 128 + N; so does the launcher.
+SIGNAL_EXIT_BASE = 128
+# The exit status when the launcher gives up on a task or cannot start one.
+EXIT_GAVE_UP = 1
+EXIT_USAGE = 2
+
+SERVER_TYPES = ("ps", "worker")
+# The Linux clone flags and ioctls used by isolate=True (linux/sched.h, sockios.h).
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
+_IFREQ = "16sH22x"  # struct ifreq: the name, then the flags, padded to 40 bytes.
+_PR_SET_PDEATHSIG = 1
+
+
+class LaunchError(ValueError):
+    """An argument of `Launcher` (or `tf-psx launch`) is invalid."""
+
+
+# --- helpers for the training command ----------------------------------------
+
+
+def task_type() -> str | None:
+    """The task type of this process from TF_CONFIG ("chief", "evaluator", ...), or None.
+
+    Example:
+
+    >>> import os
+    >>> os.environ.pop("TF_CONFIG", None) and None
+    >>> print(task_type())
+    None
+    """
+    raw = os.environ.get(TF_CONFIG_ENV, "")
+    if not raw:
+        return None
+    return ClusterConfig.from_tf_config(raw).task_type
+
+
+def snapshot_dir(default: str | None = None) -> str | None:
+    """The snapshot directory the launcher chose (`$TF_PSX_SNAPSHOT_DIR`), else `default`.
+
+    Example:
+
+    >>> snapshot_dir("/tmp/snaps") if SNAPSHOT_DIR_ENV not in os.environ else "/tmp/snaps"
+    '/tmp/snaps'
+    """
+    return os.environ.get(SNAPSHOT_DIR_ENV) or default
+
+
+def run_sidecar_evaluator(model, data, steps: int | None = None, directory: str | None = None, callbacks=None) -> int:
+    """Evaluates every new PeriodicSync snapshot with tf-keras' `SidecarEvaluator` until training is done.
+
+    Call it in the evaluator branch of a training command (see the module
+    docstring): build and compile the model as the chief does, but with no
+    strategy, then call this. It returns once the launcher has written
+    TRAINING_DONE and the newest snapshot has been evaluated.
+
+    `SidecarEvaluator` follows a directory's `checkpoint` state file, which
+    PeriodicSync does not write (each snapshot is a `snapshot-<step>/`
+    directory, committed by a rename). A thread of this function therefore
+    keeps a private directory whose state file names the newest complete
+    snapshot, and `SidecarEvaluator` follows that.
+
+    Args:
+      model: a compiled tf-keras model with the chief's architecture.
+      data: the holdout data for `model.evaluate` (a `tf.data.Dataset`).
+      steps: evaluation steps per snapshot; None evaluates all of `data`.
+      directory: the PeriodicSync directory; `$TF_PSX_SNAPSHOT_DIR` when None.
+      callbacks: extra callbacks for `model.evaluate`.
+
+    Returns:
+      The number of distinct snapshots evaluated.
+
+    Raises:
+      LaunchError: if no snapshot directory is given or set.
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from tf_psx.callbacks import PeriodicSync  # pylint: disable=import-outside-toplevel
+
+    keras = _compat.keras()
+    directory = directory or snapshot_dir()
+    if not directory:
+        raise LaunchError(
+            f"run_sidecar_evaluator needs the snapshot directory; received directory=None and "
+            f"${SNAPSHOT_DIR_ENV} is unset. Fix: run it under `tf-psx launch --evaluator`, or pass "
+            "directory=<the PeriodicSync directory>."
+        )
+    done = os.path.join(directory, TRAINING_DONE_FILE)
+    view = tempfile.mkdtemp(prefix="tf_psx_evaluator_")
+    evaluated: list[str] = []
+    stop = threading.Event()
+    # "consumed": SidecarEvaluator has begun evaluating the named snapshot.
+    # The name only moves on after that, so that each evaluation is recorded
+    # under the snapshot it really restored.
+    state = {"named": None, "woken": False, "consumed": True, "since": 0.0}
+
+    def _name(path: str) -> None:
+        # The `checkpoint` file is a CheckpointState text proto; written to a
+        # temporary name and renamed, so that a reader never sees half of it.
+        text = f'model_checkpoint_path: {json.dumps(path)}\nall_model_checkpoint_paths: {json.dumps(path)}\n'
+        tmp = os.path.join(view, "checkpoint.tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        state.update(named=path, consumed=False, since=time.monotonic())
+        os.replace(tmp, os.path.join(view, "checkpoint"))
+
+    def _follow() -> None:
+        while not stop.wait(EVALUATOR_POLL_S):
+            latest = PeriodicSync.latest(directory)
+            # A named snapshot that fails to restore (pruned meanwhile) is
+            # never consumed; after a while the name moves on anyway.
+            waiting = not state["consumed"] and time.monotonic() - state["since"] < EVALUATOR_UNCONSUMED_S
+            if latest is None or waiting:
+                continue
+            if state["named"] is None or os.path.normpath(state["named"]) != latest.checkpoint:
+                _name(latest.checkpoint)
+            elif os.path.exists(done) and evaluated and evaluated[-1] == latest.checkpoint and not state["woken"]:
+                # Training is over and the newest snapshot is evaluated, but
+                # SidecarEvaluator waits for a new one: name the same snapshot
+                # by another path ("dir/./ckpt") to wake it; the callback ends it.
+                state["woken"] = True
+                _name(os.path.join(os.path.dirname(latest.checkpoint), ".", os.path.basename(latest.checkpoint)))
+
+    class _StopWhenDone(keras.callbacks.Callback):
+        def on_test_begin(self, logs=None):
+            evaluated.append(os.path.normpath(state["named"] or ""))
+            state["consumed"] = True
+
+        def on_test_end(self, logs=None):
+            print(f"tf_psx evaluator: evaluated {evaluated[-1]}: {logs}", flush=True)
+            latest = PeriodicSync.latest(directory)
+            if os.path.exists(done) and (latest is None or evaluated[-1] == latest.checkpoint):
+                raise _TrainingDone()
+
+    evaluator = keras.utils.SidecarEvaluator(
+        model, data, checkpoint_dir=view, steps=steps, callbacks=[*(callbacks or []), _StopWhenDone()]
+    )
+    follower = threading.Thread(target=_follow, name="tf-psx-evaluator-follow", daemon=True)
+    follower.start()
+    try:
+        evaluator.start()
+    except _TrainingDone:
+        pass
+    finally:
+        stop.set()
+        follower.join()
+        shutil.rmtree(view, ignore_errors=True)
+    return len(set(evaluated))
+
+
+class _TrainingDone(Exception):
+    """Raised from a callback to end SidecarEvaluator's loop."""
+
+
+# --- the supervisor ----------------------------------------------------------
+
+
+def _describe_status(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"{code} (killed by {name})"
+    return str(code)
+
+
+def _exit_code(code: int) -> int:
+    """A Popen return code as a shell exit status (death by signal N -> 128 + N)."""
+    return SIGNAL_EXIT_BASE - code if code < 0 else code
+
+
+def _check_int(name: str, value: Any, minimum: int, example: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise LaunchError(
+            f"Option `--{name.replace('_', '-')}` must be an int >= {minimum}; received {value!r}. "
+            f"Fix: pass e.g. --{name.replace('_', '-')} {example}."
+        )
+    return value
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+class _Task:
+    """One task process: its command, environment, log and reader thread."""
+
+    def __init__(self, task_type_: str, index: int, argv: list[str], env: dict[str, str], log_path: str):
+        self.task_type = task_type_
+        self.index = index
+        self.argv = argv
+        self.env = env
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+        self.reader: threading.Thread | None = None
+        self.ready = threading.Event()
+        self.starts = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.task_type}:{self.index}"
+
+    def poll(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class Launcher:
+    """Runs a parameter-server job on this machine and keeps it running.
+
+    See the module docstring for what it does and for the contract with the
+    training command.
+
+    Args:
+      command: the chief's command, program first, e.g.
+        ["python", "train.py", "--epochs", "3"].
+      workers: the number of worker tasks (>= 1).
+      ps: the number of parameter-server tasks (>= 1).
+      evaluator: also run `command` as the side-car evaluator.
+      max_restarts: the most task restarts of the whole job (>= 0); one ps
+        failure (all ps and the chief restarted) counts as one.
+      log_dir: where the per-task logs go; a fresh temporary directory when
+        None. Created if missing.
+      snapshot_dir: the `$TF_PSX_SNAPSHOT_DIR` of the chief and the evaluator;
+        `<log_dir>/snapshots` when None.
+      isolate: run the whole job in a private network namespace (Linux).
+      out: where task output is streamed (stdout when None).
+      err: where the launcher's own messages go (stderr when None).
+
+    Raises:
+      LaunchError: if an argument is invalid; the message names the option,
+        the value received and the fix.
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        workers: int,
+        ps: int,
+        evaluator: bool = False,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        log_dir: str | None = None,
+        snapshot_dir: str | None = None,  # pylint: disable=redefined-outer-name
+        isolate: bool = False,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+    ):
+        if isinstance(command, str) or not isinstance(command, Sequence) or not command or not all(
+            isinstance(part, str) and part for part in command
+        ):
+            raise LaunchError(
+                "The command after `--` must be a non-empty list of non-empty strings (the chief's "
+                f"command, program first); received {command!r}. Fix: end the options with --, then "
+                "the command, e.g. -- python train.py."
+            )
+        self.command = list(command)
+        program = self.command[0]
+        found = os.access(program, os.X_OK) and os.path.isfile(program) if os.sep in program else shutil.which(program)
+        if not found:
+            raise LaunchError(
+                f"The command after `--` must start with a program that can be run; received "
+                f"{program!r}, which is {'not an executable file' if os.sep in program else 'not on PATH'}. "
+                f"Fix: give the program by its path or install it, e.g. -- {sys.executable} train.py."
+            )
+        self.num_workers = _check_int("workers", workers, 1, 2)
+        self.num_ps = _check_int("ps", ps, 1, 1)
+        self.max_restarts = _check_int("max_restarts", max_restarts, 0, DEFAULT_MAX_RESTARTS)
+        self.evaluator = bool(evaluator)
+        self.isolate = bool(isolate)
+        if self.isolate and not sys.platform.startswith("linux"):
+            raise LaunchError(
+                f"Option `--isolate` needs Linux network namespaces; this is {sys.platform}. Fix: "
+                "drop --isolate and keep the machine on a trusted network (docs/security.md)."
+            )
+        self.log_dir = self._prepare_dir("log-dir", log_dir) if log_dir else None
+        self.snapshot_dir = self._prepare_dir("snapshot-dir", snapshot_dir) if snapshot_dir else None
+        self._out = out
+        self._err = err
+        self._lock = threading.Lock()
+        self._signal: int | None = None
+        self._tasks: dict[tuple[str, int], _Task] = {}
+        self.restarts = 0
+        self.config: ClusterConfig | None = None
+
+    @staticmethod
+    def _prepare_dir(option: str, path: Any) -> str:
+        if not isinstance(path, str):
+            raise LaunchError(f"Option `--{option}` must be a directory path; received {path!r}.")
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as err:
+            raise LaunchError(
+                f'Option `--{option}` "{path}" cannot be created ({err.strerror}). Fix: pass a '
+                "directory you can write, or leave the option out."
+            ) from None
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise LaunchError(
+                f'Option `--{option}` "{path}" is not writable. Fix: pass a directory you can write.'
+            )
+        return os.path.abspath(path)
+
+    # -- output ------------------------------------------------------------
+
+    @property
+    def out(self) -> TextIO:
+        return self._out or sys.stdout
+
+    @property
+    def err(self) -> TextIO:
+        return self._err or sys.stderr
+
+    def _say(self, message: str) -> None:
+        with self._lock:
+            self.err.write(f"{PREFIX}: {message}\n")
+            self.err.flush()
+
+    # -- public ------------------------------------------------------------
+
+    def run(self) -> int:
+        """Runs the job until the chief exits; returns the chief's exit status.
+
+        Returns:
+          The chief's exit status (128 + N when it died of signal N), or
+          EXIT_GAVE_UP (1) when a task failed more than `max_restarts` times
+          or could not be started.
+        """
+        if self.isolate and os.environ.get(_ISOLATED_ENV) != "1":
+            return self._run_isolated()
+        if os.environ.get(_ISOLATED_ENV) == "1":
+            _bring_up_loopback()
+        handlers = self._install_signal_handlers()
+        try:
+            return self._supervise()
+        finally:
+            self._stop_all()
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+
+    # -- isolation ---------------------------------------------------------
+
+    def _cli_args(self) -> list[str]:
+        args = ["launch", "--workers", str(self.num_workers), "--ps", str(self.num_ps)]
+        args += ["--max-restarts", str(self.max_restarts)]
+        if self.evaluator:
+            args.append("--evaluator")
+        if self.log_dir:
+            args += ["--log-dir", self.log_dir]
+        if self.snapshot_dir:
+            args += ["--snapshot-dir", self.snapshot_dir]
+        return [*args, "--", *self.command]
+
+    def _run_isolated(self) -> int:
+        """Runs this launcher again, in a new network namespace, and waits for it."""
+        env = dict(os.environ)
+        env[_ISOLATED_ENV] = "1"
+        env["PYTHONUNBUFFERED"] = "1"
+        libc = _libc()
+        uid, gid = os.getuid(), os.getgid()
+
+        def _enter_namespace():  # runs in the child, before exec
+            if libc.unshare(_CLONE_NEWNET) == 0:
+                return
+            if ctypes.get_errno() != errno.EPERM:
+                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
+            # Not root: a user namespace gives the child CAP_NET_ADMIN over a
+            # network namespace of its own, as `unshare --net --map-root-user` does.
+            if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER | CLONE_NEWNET) failed")
+            for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+                with open(f"/proc/self/{name}", "w", encoding="ascii") as handle:
+                    handle.write(text)
+
+        try:
+            proc = subprocess.Popen(  # pylint: disable=consider-using-with
+                [sys.executable, "-m", "tf_psx.cli", *self._cli_args()],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                preexec_fn=_enter_namespace,  # pylint: disable=subprocess-popen-preexec-fn
+            )
+        except (OSError, subprocess.SubprocessError) as err:
+            raise LaunchError(
+                f"Option `--isolate` could not create a private network namespace ({err}). Fix: run "
+                "as root, enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1), "
+                "or drop --isolate and keep the machine on a trusted network (docs/security.md)."
+            ) from None
+        copiers = [
+            threading.Thread(target=_copy_lines, args=(proc.stdout, lambda: self.out, self._lock), daemon=True),
+            threading.Thread(target=_copy_lines, args=(proc.stderr, lambda: self.err, self._lock), daemon=True),
+        ]
+        for copier in copiers:
+            copier.start()
+        handlers = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            try:
+                handlers[signum] = signal.signal(signum, lambda s, f: proc.send_signal(s))
+            except ValueError:  # not the main thread
+                pass
+        try:
+            code = proc.wait()
+            for copier in copiers:
+                copier.join()
+            return _exit_code(code)
+        finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+
+    # -- supervision -------------------------------------------------------
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        def _on_signal(signum, frame):  # pylint: disable=unused-argument
+            self._signal = signum
+
+        handlers = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            try:
+                handlers[signum] = signal.signal(signum, _on_signal)
+            except ValueError:  # signals can only be caught in the main thread
+                pass
+        return handlers
+
+    def _build_tasks(self) -> None:
+        if self.log_dir is None:
+            self.log_dir = tempfile.mkdtemp(prefix="tf_psx_launch_")
+        if self.snapshot_dir is None:
+            self.snapshot_dir = os.path.join(self.log_dir, "snapshots")
+            os.makedirs(self.snapshot_dir, exist_ok=True)
+        done = os.path.join(self.snapshot_dir, TRAINING_DONE_FILE)
+        if os.path.exists(done):
+            os.remove(done)  # left by an earlier run that used this directory
+        ports = free_ports(self.num_workers + self.num_ps + 2)
+        addresses = [f"{LOOPBACK}:{port}" for port in ports]
+        self.config = ClusterConfig(
+            workers=addresses[: self.num_workers],
+            ps=addresses[self.num_workers : self.num_workers + self.num_ps],
+            chief=addresses[-2],
+            # The evaluator listens nowhere; its address only names its task.
+            evaluator=addresses[-1] if self.evaluator else None,
+        )
+        base = dict(os.environ)
+        base.pop(_ISOLATED_ENV, None)
+        base[_compat.GRPC_FAIL_FAST_ENV] = _compat.GRPC_FAIL_FAST_VALUE
+        # Lines must reach the prefixer as they are printed, not when a buffer fills.
+        base["PYTHONUNBUFFERED"] = "1"
+        server_env = dict(base)
+        # Keep the servers' TF quiet and on the CPU; the chief owns any GPU.
+        server_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        server_env.setdefault("CUDA_VISIBLE_DEVICES", "")
+        server_argv = [sys.executable, "-m", "tf_psx.server"]
+        for task_type_, count in (("ps", self.num_ps), ("worker", self.num_workers)):
+            for index in range(count):
+                env = dict(server_env, **{TF_CONFIG_ENV: self.config.to_json(task_type_, index)})
+                self._add_task(task_type_, index, server_argv, env)
+        user_env = dict(base, **{SNAPSHOT_DIR_ENV: self.snapshot_dir, CHIEF_ATTEMPT_ENV: "0"})
+        self._add_task("chief", 0, self.command, dict(user_env, **{TF_CONFIG_ENV: self.config.to_json("chief", 0)}))
+        if self.evaluator:
+            env = dict(user_env, **{TF_CONFIG_ENV: self.config.to_json("evaluator", 0)})
+            env.setdefault("CUDA_VISIBLE_DEVICES", "")
+            self._add_task("evaluator", 0, self.command, env)
+
+    def _add_task(self, task_type_: str, index: int, argv: list[str], env: dict[str, str]) -> None:
+        path = os.path.join(self.log_dir, f"{task_type_}-{index}.log")
+        self._tasks[(task_type_, index)] = _Task(task_type_, index, list(argv), env, path)
+
+    def _servers(self, task_type_: str | None = None) -> list[_Task]:
+        return [
+            task
+            for task in self._tasks.values()
+            if task.task_type in SERVER_TYPES and (task_type_ is None or task.task_type == task_type_)
+        ]
+
+    def _supervise(self) -> int:
+        self._build_tasks()
+        if os.environ.get(_ISOLATED_ENV) == "1":
+            self._say("isolated: the job runs in a private network namespace; its ports are unreachable from outside")
+        else:
+            self._say(
+                "warning: the TF gRPC ports below have no authentication and listen on every interface; "
+                "whoever reaches them can run any op on this machine (use --isolate; docs/security.md)"
+            )
+        self._say(f"cluster: {self._address_list()}; logs in {self.log_dir}")
+        servers = self._servers()
+        for task in servers:
+            self._spawn(task)
+        failed = self._wait_ready(servers)
+        if failed is not None:
+            return self._give_up(failed, "exited while starting")
+        if self._signal is not None:
+            return _exit_code(-self._signal)
+        chief = self._tasks[("chief", 0)]
+        if self.evaluator:
+            self._spawn(self._tasks[("evaluator", 0)])
+        self._spawn(chief)
+        while True:
+            if self._signal is not None:
+                return self._on_signal(chief)
+            for task in self._servers("ps"):
+                if not task.alive():
+                    code = self._recover_ps(task, chief)
+                    if code is not None:
+                        return code
+            for task in self._servers("worker"):
+                if not task.alive():
+                    if self.restarts >= self.max_restarts:
+                        return self._give_up(task, "exited")
+                    self.restarts += 1
+                    self._say(
+                        f"{task.name} exited with status {_describe_status(task.poll())}; restarting it "
+                        f"(restart {self.restarts} of {self.max_restarts}); its log is {task.log_path}"
+                    )
+                    self._spawn(task)
+            code = chief.poll()
+            if code is not None:
+                if code != 0:
+                    dead_ps = self._wait_for_dead_ps()
+                    if dead_ps is not None:
+                        continue  # the ps branch above restarts the ps tasks and the chief
+                self._say(
+                    f"chief:0 {'finished' if code == 0 else 'failed'} with exit status {_exit_code(code)}; "
+                    f"logs in {self.log_dir}" + ("" if code == 0 else f"; its log is {chief.log_path}")
+                )
+                if code == 0:
+                    self._finish_evaluator()
+                return _exit_code(code)
+            time.sleep(POLL_S)
+
+    def _address_list(self) -> str:
+        jobs = self.config.as_dict()
+        return ", ".join(
+            f"{job}:{index} {address}" for job, addresses in jobs.items() for index, address in enumerate(addresses)
+        )
+
+    def _wait_for_dead_ps(self) -> _Task | None:
+        deadline = time.monotonic() + PS_FAILURE_GRACE_S
+        while True:
+            for task in self._servers("ps"):
+                if not task.alive():
+                    return task
+            if time.monotonic() > deadline or self._signal is not None:
+                return None
+            time.sleep(POLL_S)
+
+    def _recover_ps(self, failed: _Task, chief: _Task) -> int | None:
+        """Restarts every ps and then the chief; returns an exit status to give up with, or None."""
+        if self.restarts >= self.max_restarts:
+            return self._give_up(failed, "exited")
+        self.restarts += 1
+        self._say(
+            f"{failed.name} exited with status {_describe_status(failed.poll())}; restarting the ps tasks "
+            f"and then the chief, which resumes from the newest snapshot in {self.snapshot_dir} "
+            f"(restart {self.restarts} of {self.max_restarts}); its log is {failed.log_path}"
+        )
+        # The chief's variables lived on the ps: the old chief cannot go on.
+        self._stop([chief])
+        ps_tasks = self._servers("ps")
+        self._stop(ps_tasks)
+        for task in ps_tasks:
+            self._spawn(task)
+        again = self._wait_ready(ps_tasks)
+        if again is not None:
+            return self._give_up(again, "exited while restarting")
+        if self._signal is not None:
+            return self._on_signal(chief)
+        attempt = int(chief.env.get(CHIEF_ATTEMPT_ENV, "0")) + 1
+        chief.env[CHIEF_ATTEMPT_ENV] = str(attempt)
+        self._spawn(chief)
+        return None
+
+    def _on_signal(self, chief: _Task) -> int:
+        signum = self._signal
+        self._say(f"received {signal.Signals(signum).name}; stopping every task")
+        # The chief gets the signal itself (a Ctrl-C is a KeyboardInterrupt
+        # there) so that it can end cleanly; its status is the launcher's.
+        if chief.alive():
+            _signal_group(chief.proc, signum)
+        self._stop([chief], first_signal=None)
+        code = chief.poll()
+        return _exit_code(code if code is not None else -signum)
+
+    def _finish_evaluator(self) -> None:
+        task = self._tasks.get(("evaluator", 0))
+        if task is None or not task.alive():
+            return
+        with open(os.path.join(self.snapshot_dir, TRAINING_DONE_FILE), "w", encoding="utf-8") as handle:
+            handle.write("the chief finished with exit status 0\n")
+        self._say(f"waiting up to {EVALUATOR_FINISH_TIMEOUT_S:.0f} s for evaluator:0 to evaluate the last snapshot")
+        deadline = time.monotonic() + EVALUATOR_FINISH_TIMEOUT_S
+        while task.alive() and time.monotonic() < deadline and self._signal is None:
+            time.sleep(POLL_S)
+
+    def _give_up(self, task: _Task, what: str) -> int:
+        self._say(
+            f"giving up: {task.name} {what} with status {_describe_status(task.poll())} after "
+            f"{self.restarts} restart(s) (--max-restarts {self.max_restarts}); its log is {task.log_path}"
+        )
+        return EXIT_GAVE_UP
+
+    # -- processes ---------------------------------------------------------
+
+    def _spawn(self, task: _Task) -> None:
+        if task.reader is not None:
+            task.reader.join(timeout=STOP_GRACE_S)
+        task.ready.clear()
+        task.starts += 1
+        libc = _libc()
+        parent = os.getpid()
+
+        def _child_setup():  # runs in the child, before exec
+            os.setsid()  # its own process group: stopped as a whole, and shielded from the terminal's Ctrl-C
+            # Die with the launcher even when it is killed with SIGKILL.
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:
+                os._exit(EXIT_GAVE_UP)  # pylint: disable=protected-access
+
+        log = open(task.log_path, "ab")  # pylint: disable=consider-using-with
+        if task.starts > 1:
+            log.write(f"--- {PREFIX}: start {task.starts} of {task.name} ---\n".encode())
+            log.flush()
+        try:
+            task.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+                task.argv,
+                env=task.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_child_setup,  # pylint: disable=subprocess-popen-preexec-fn
+            )
+        except OSError as err:
+            log.close()
+            raise LaunchError(
+                f"{task.name}: cannot run {task.argv[0]!r} ({err.strerror}). Fix: check the command "
+                "after `--` (the program must be on PATH or given by its path)."
+            ) from None
+        task.reader = threading.Thread(
+            target=self._pump, args=(task, task.proc.stdout, log), name=f"tf-psx-{task.name}", daemon=True
+        )
+        task.reader.start()
+
+    def _pump(self, task: _Task, stream, log) -> None:
+        from tf_psx.server import READY_MARK  # pylint: disable=import-outside-toplevel
+
+        mark = READY_MARK.encode()
+        prefix = f"[{task.name}] "
+        try:
+            for line in iter(stream.readline, b""):
+                log.write(line)
+                log.flush()
+                if mark in line:
+                    task.ready.set()
+                text = line.decode("utf-8", errors="replace").rstrip("\n")
+                with self._lock:
+                    self.out.write(prefix + text + "\n")
+                    self.out.flush()
+        finally:
+            stream.close()
+            log.close()
+
+    def _wait_ready(self, tasks: list[_Task]) -> _Task | None:
+        """Waits until every task listens; returns a task that died first, or None."""
+        deadline = time.monotonic() + TASK_START_TIMEOUT_S
+        pending = list(tasks)
+        while pending and self._signal is None:
+            for task in list(pending):
+                if task.ready.is_set():
+                    pending.remove(task)
+                elif not task.alive():
+                    return task
+            if pending and time.monotonic() > deadline:
+                self._say(f"{pending[0].name} did not listen within {TASK_START_TIMEOUT_S:.0f} s")
+                return pending[0]
+            time.sleep(POLL_S)
+        return None
+
+    def _stop(self, tasks: list[_Task], first_signal: int | None = signal.SIGTERM) -> None:
+        """Signals each task's process group, then SIGKILLs what is left after the grace."""
+        running = [task for task in tasks if task.alive()]
+        if first_signal is not None:
+            for task in running:
+                _signal_group(task.proc, first_signal)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for task in running:
+            try:
+                task.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(task.proc, signal.SIGKILL)
+                task.proc.wait()
+        for task in tasks:
+            if task.proc is not None:
+                # The group may hold children of the command; none may outlive it.
+                _signal_group(task.proc, signal.SIGKILL)
+                task.proc.wait()
+            if task.reader is not None:
+                task.reader.join(timeout=STOP_GRACE_S)
+
+    def _stop_all(self) -> None:
+        order = ["chief", "evaluator", "worker", "ps"]
+        tasks = sorted(self._tasks.values(), key=lambda task: order.index(task.task_type))
+        self._stop(tasks)
+
+
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(proc.pid, signum)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        proc.send_signal(signum)
+
+
+def _copy_lines(stream, target, lock: threading.Lock) -> None:
+    """Copies the lines of a byte stream to target() (a text stream) until EOF."""
+    try:
+        for line in iter(stream.readline, b""):
+            with lock:
+                target().write(line.decode("utf-8", errors="replace"))
+                target().flush()
+    finally:
+        stream.close()
+
+
+def _bring_up_loopback() -> None:
+    """Sets `lo` up in this (fresh) network namespace, as `ip link set lo up` does."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack(_IFREQ, b"lo", 0)
+        flags = struct.unpack(_IFREQ, fcntl.ioctl(sock, _SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", flags | _IFF_UP))
