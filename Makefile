@@ -27,9 +27,15 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -m "not processes"
 
+# Every benchmark, then docs/benchmarks.md from bench/results/*.json (~40 min on 2 cores).
+BENCHES := overhead shard_balance dedup_bytes vocab_scaling dynamic_vs_static convergence
 bench: install
-	$(BIN)/python bench/overhead.py
+	for b in $(BENCHES); do $(BIN)/python bench/$$b.py || exit 1; done
 	$(BIN)/python bench/report.py
+
+# The docs site, into site/; strict: a warning (broken link, bad docstring) fails.
+docs: install
+	$(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) *.egg-info site .pytest_cache

@@ -24,8 +24,9 @@ _EXPORTS = {
     "auto_strategy": "tf_psx.strategies",
     "LocalResourcesError": "tf_psx.strategies",
     "Keras3Error": "tf_psx._compat",
+    "export_serving": "tf_psx.export",
 }
-_SUBMODULES = ("partitioners", "data", "cluster", "local", "strategies", "optimizers", "layers")
+_SUBMODULES = ("partitioners", "data", "cluster", "local", "strategies", "optimizers", "layers", "callbacks", "launch")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

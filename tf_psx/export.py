@@ -1,0 +1,330 @@
+"""Export a model trained on the cluster as a SavedModel that serves without it.
+
+A model trained under `tf_psx.ParameterServerStrategy` keeps its variables on
+the ps tasks, split into `ShardedVariable`s, and its `DynamicEmbedding` tables
+in TFRA hash tables. What happens when it is saved as it is, measured with TF
+2.16.2, tf-keras 2.16 and TFRA 0.8.1 (a 1-worker, 2-ps cluster):
+
+* `tf.saved_model.save(model, path)` of a model with ShardedVariables but no
+  TFRA table loads in a plain process and predicts the same (the public
+  reports that it does not load are about older TF releases);
+* with a DynamicEmbedding, both `tf.saved_model.save` and `model.save` write
+  a graph that holds TFRA's custom ops, and loading it in a process without
+  TFRA fails with "Op type not registered 'TFRA>DynamicPartition'" (or
+  'TFRA>CuckooHashTableImport'); with TFRA loaded, the tables' devices name
+  the ps tasks of the training cluster.
+
+`export_serving` writes instead a copy made for serving:
+
+* every variable is one plain, unsharded variable on the local CPU (the
+  shards are read from the ps tasks and concatenated);
+* every `DynamicEmbedding` becomes a core-TF `MutableHashTable` holding
+  exactly the keys the trained table holds, with their rows;
+* the graph uses core TensorFlow ops only: the serving process needs neither
+  tf_psx nor tensorflow-recommenders-addons, and no cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tf_psx import _compat
+
+__all__ = ["export_serving", "UNSEEN_KEY_DEFAULT", "SERVING_SIGNATURE"]
+
+logger = logging.getLogger("tf_psx")
+
+_keras = _compat.keras()
+
+# The key under which TF Serving, `saved_model_cli` and `loaded.signatures`
+# look for the default signature.
+SERVING_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
+# What a DynamicEmbedding key never seen in training returns when served:
+# zeros. During training TFRA returns a fresh draw of the layer's initializer
+# for such a key, a different value on every call; a served model must be
+# deterministic, and a zero row is the "no information" embedding (it adds
+# nothing to a dot product or a sum pooling).
+UNSEEN_KEY_DEFAULT = 0.0
+# The file that marks a directory as a SavedModel (the only kind of directory
+# `overwrite=True` is allowed to replace).
+_SAVED_MODEL_FILE = "saved_model.pb"
+
+
+class _ServingDynamicEmbedding(_keras.layers.Layer):
+    """A DynamicEmbedding frozen for serving: a core-TF hash table, no TFRA.
+
+    Keys are hashed (string keys) or cast exactly as `DynamicEmbedding.call`
+    does; keys missing from the table return `UNSEEN_KEY_DEFAULT` rows.
+    """
+
+    def __init__(self, output_dim: int, key_dtype: tf.DType, name: str | None = None):
+        super().__init__(name=name, trainable=False)
+        self.output_dim = int(output_dim)
+        self.key_dtype = tf.as_dtype(key_dtype)
+        self.table = tf.lookup.experimental.MutableHashTable(
+            key_dtype=tf.int64,
+            value_dtype=tf.float32,
+            default_value=tf.fill([self.output_dim], UNSEEN_KEY_DEFAULT),
+            name=f"{name}_serving_table" if name else None,
+        )
+
+    def call(self, inputs):
+        from tf_psx.layers import STRING_KEY_BUCKETS  # pylint: disable=import-outside-toplevel
+
+        if self.key_dtype == tf.string:
+            keys = tf.strings.to_hash_bucket_fast(inputs, STRING_KEY_BUCKETS)
+        else:
+            keys = tf.cast(inputs, tf.int64)
+        rows = self.table.lookup(tf.reshape(keys, [-1]))
+        return tf.reshape(rows, tf.concat([tf.shape(keys), [self.output_dim]], axis=0))
+
+
+class _ServingModule(tf.Module):
+    """The root object of the SavedModel: the variables, the tables and `serve`.
+
+    Only these are saved, not the Keras model object: saving a Keras model
+    also traces every layer's call (slow), and loading needs none of it.
+    """
+
+    def __init__(self, model, input_signature, output_names):
+        super().__init__(name="tf_psx_serving")
+        self._model = model
+        self.model_variables = list(model.variables)
+        self.tables = [layer.table for layer in model._flatten_layers() if isinstance(layer, _ServingDynamicEmbedding)]  # pylint: disable=protected-access
+        self._output_names = list(output_names)
+        self.serve = tf.function(self._serve, input_signature=[input_signature])
+
+    def _serve(self, inputs):
+        outputs = self._model(inputs, training=False)
+        if isinstance(outputs, dict):
+            return dict(outputs)
+        flat = tf.nest.flatten(outputs)
+        return dict(zip(self._output_names, flat))
+
+
+def _check_model(model) -> None:
+    _compat.check_not_keras3(model, "model passed to export_serving")
+    if not isinstance(model, _keras.Model):
+        raise TypeError(
+            "Argument `model` of export_serving must be a tf-keras Model (tf.keras.Model after "
+            f"`import tf_psx`). Received: {model!r} of type {type(model).__name__}."
+        )
+    if not getattr(model, "_is_graph_network", False):
+        raise ValueError(
+            "Argument `model` of export_serving must be a Functional or Sequential tf-keras model "
+            f"with known inputs; received {type(model).__name__} `{model.name}`, a subclassed or "
+            "unbuilt model. Fix: build it with the Functional API (tf.keras.Model(inputs, outputs)) "
+            "or give the Sequential model an Input layer."
+        )
+
+
+def _check_path(path: str, overwrite: bool) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"Argument `path` of export_serving must be a str or os.PathLike directory path. Received: {path!r}.")
+    path = os.fspath(path)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"Argument `path` of export_serving must be a non-empty directory path. Received: {path!r}.")
+    if not tf.io.gfile.exists(path):
+        return path
+    if not tf.io.gfile.isdir(path):
+        raise FileExistsError(
+            f"Argument `path` of export_serving must be a directory that does not exist yet or is empty; "
+            f"received {path!r}, which is a file. Fix: choose another path."
+        )
+    contents = tf.io.gfile.listdir(path)
+    if not contents:
+        return path
+    if overwrite and _SAVED_MODEL_FILE in contents:
+        tf.io.gfile.rmtree(path)
+        return path
+    hint = (
+        "pass overwrite=True to replace it" if _SAVED_MODEL_FILE in contents
+        else "it is not a SavedModel, so overwrite=True will not delete it; choose another path"
+    )
+    raise FileExistsError(
+        f"Argument `path` of export_serving must be a directory that does not exist yet or is empty; "
+        f"received {path!r}, which holds {len(contents)} entries (e.g. {sorted(contents)[0]!r}). "
+        f"Fix: {hint}."
+    )
+
+
+def _clone_layer(layer):
+    from tf_psx.layers import DynamicEmbedding  # pylint: disable=import-outside-toplevel
+
+    if isinstance(layer, DynamicEmbedding):
+        return _ServingDynamicEmbedding(layer.output_dim, layer.key_dtype, name=layer.name)
+    if isinstance(layer, _keras.Model) and getattr(layer, "_is_graph_network", False):
+        return _keras.models.clone_model(layer, clone_function=_clone_layer)
+    return layer.__class__.from_config(layer.get_config())
+
+
+def _sharded_owners(model) -> dict[int, Any]:
+    """Maps id(shard) -> its ShardedVariable, for every ShardedVariable in `model`."""
+    sharded_class = tf.__internal__.distribute.ShardedVariable
+    owners = {}
+    for obj in tf.train.TrackableView(model).descendants():
+        if isinstance(obj, sharded_class):
+            for shard in obj.variables:
+                owners[id(shard)] = obj
+    return owners
+
+
+def _logical_weights(layer, owners: dict[int, Any]) -> list:
+    """`layer.weights`, with the shards of each ShardedVariable replaced by the whole."""
+    result, seen = [], set()
+    for weight in layer.weights:
+        owner = owners.get(id(weight))
+        if owner is None:
+            result.append(weight)
+        elif id(owner) not in seen:
+            seen.add(id(owner))
+            result.append(owner)
+    return result
+
+
+def _value(variable) -> np.ndarray:
+    """The whole value of a variable; a ShardedVariable's shards are concatenated (axis 0)."""
+    shards = getattr(variable, "variables", None)
+    if shards is not None and isinstance(variable, tf.__internal__.distribute.ShardedVariable):
+        return np.concatenate([shard.numpy() for shard in shards], axis=0)
+    return variable.numpy()
+
+
+def _copy_weights(source, target, owners: dict[int, Any]) -> int:
+    """Copies trained values from `source` layers into their serving clones; returns rows exported."""
+    from tf_psx.layers import DynamicEmbedding  # pylint: disable=import-outside-toplevel
+
+    exported_keys = 0
+    for src, dst in zip(source.layers, target.layers):
+        if isinstance(src, DynamicEmbedding):
+            keys, values = src.table.export()
+            dst.table.insert(tf.identity(keys), tf.cast(values, tf.float32))
+            exported_keys += int(keys.shape[0])
+            continue
+        if isinstance(src, _keras.Model) and isinstance(dst, _keras.Model) and getattr(src, "_is_graph_network", False):
+            exported_keys += _copy_weights(src, dst, owners)
+            continue
+        src_weights, dst_weights = _logical_weights(src, owners), dst.weights
+        if len(src_weights) != len(dst_weights):
+            raise ValueError(
+                f"export_serving: layer `{src.name}` has {len(src_weights)} weights but its serving copy "
+                f"has {len(dst_weights)}. Its get_config() does not rebuild the same layer. Fix: make "
+                "get_config()/from_config() round-trip the layer's constructor arguments."
+            )
+        for src_w, dst_w in zip(src_weights, dst_weights):
+            value = _value(src_w)
+            if tuple(value.shape) != tuple(dst_w.shape):
+                raise ValueError(
+                    f"export_serving: weight `{src_w.name}` of layer `{src.name}` has shape {value.shape} "
+                    f"but its serving copy has {tuple(dst_w.shape)}. Fix: make get_config()/from_config() "
+                    "round-trip the layer's constructor arguments."
+                )
+            dst_w.assign(value)
+    return exported_keys
+
+
+def _input_signature(model):
+    def spec(tensor):
+        return tf.TensorSpec(tensor.shape, tensor.dtype, name=tensor.name.split(":")[0])
+
+    structure = model.input
+    if isinstance(structure, dict):
+        return {key: tf.TensorSpec(t.shape, t.dtype, name=key) for key, t in structure.items()}
+    return tf.nest.map_structure(spec, structure)
+
+
+def export_serving(model, path: str, *, overwrite: bool = False) -> str:
+    """Writes `model` as a SavedModel that serves in a plain process, with no cluster.
+
+    Every variable is written whole (the shards of a `ShardedVariable` are
+    concatenated), and each `tf_psx.layers.DynamicEmbedding` table is written
+    as a core-TF hash table holding exactly the keys it learned. The graph
+    uses core TensorFlow ops only; load it with `tf.saved_model.load` in any
+    TensorFlow 2.16 process (tf_psx and TFRA need not be installed).
+
+    The `serving_default` signature takes the model's inputs as named tensors
+    (the keys of a dict input, otherwise the Input layers' names) and returns
+    a dict of the model's outputs, keyed by output name. The loaded object's
+    `serve(inputs)` takes the same structure as the model itself.
+
+    Keys that a DynamicEmbedding never saw in training get rows of
+    `UNSEEN_KEY_DEFAULT` (zeros) when served.
+
+    Example:
+
+    >>> import tempfile, tf_psx, tensorflow as tf
+    >>> ids = tf.keras.Input((2,), dtype=tf.int64, name="ids")
+    >>> vec = tf.keras.layers.Flatten()(tf_psx.layers.ShardedEmbedding(10, 3)(ids))
+    >>> model = tf.keras.Model(ids, tf.keras.layers.Dense(1, name="click")(vec))
+    >>> path = tf_psx.export_serving(model, tempfile.mkdtemp() + "/served")
+    >>> loaded = tf.saved_model.load(path)
+    >>> out = loaded.signatures["serving_default"](ids=tf.constant([[1, 2]], tf.int64))
+    >>> sorted(out), out["click"].shape
+    (['click'], TensorShape([1, 1]))
+
+    Args:
+      model: a Functional or Sequential tf-keras model, trained under any
+        strategy (or none). It is not changed.
+      path: the directory to write; it must not exist or be empty (local or
+        any `tf.io.gfile` path such as gs://).
+      overwrite: replace `path` when it already holds a SavedModel.
+
+    Returns:
+      `path`.
+
+    Raises:
+      TypeError: `model` is not a tf-keras model (a Keras 3 model raises
+        `tf_psx.Keras3Error`, a subclass).
+      ValueError: `model` is subclassed or unbuilt, or a layer's config does
+        not rebuild the same weights.
+      FileExistsError: `path` is a file or a non-empty directory.
+      RuntimeError: called inside a `strategy.scope()`.
+
+    Known limitations:
+      * Functional and Sequential models only (the model is rebuilt from its
+        config to get plain variables): a subclassed model raises ValueError.
+      * A DynamicEmbedding must be a layer of the model (or of a nested
+        Functional model), not a sublayer inside a custom layer.
+      * The whole model is copied into this process's memory on the way:
+        a table of N rows of dim D needs N * D * 4 bytes here.
+      * Optimizer state is not exported; for resuming training use
+        checkpoints.
+    """
+    _check_model(model)
+    if tf.distribute.has_strategy():
+        raise RuntimeError(
+            "export_serving must be called outside `strategy.scope()`: the serving copy must be built "
+            "with plain local variables, not the strategy's. Fix: call it after the `with "
+            "strategy.scope():` block (after model.fit)."
+        )
+    path = _check_path(path, overwrite)
+    owners = _sharded_owners(model)
+    # Built on this process's CPU, whatever the cluster: the copy is what is
+    # saved, and a saved device must exist wherever the model is loaded.
+    with tf.device("/device:CPU:0"):
+        serving = _keras.models.clone_model(model, clone_function=_clone_layer)
+    from tf_psx.layers import DynamicEmbedding  # pylint: disable=import-outside-toplevel
+
+    nested = [layer.name for layer in serving._flatten_layers() if isinstance(layer, DynamicEmbedding)]  # pylint: disable=protected-access
+    if nested:
+        raise ValueError(
+            f"export_serving: DynamicEmbedding layer(s) {nested} sit inside a custom layer, where they "
+            "cannot be replaced by a serving table. Fix: use the DynamicEmbedding as a layer of the "
+            "Functional model itself."
+        )
+    with tf.device("/device:CPU:0"):
+        exported_keys = _copy_weights(model, serving, owners)
+        module = _ServingModule(serving, _input_signature(model), model.output_names)
+        unsharded = sum(isinstance(w, tf.__internal__.distribute.ShardedVariable) for w in _logical_weights(model, owners))
+        signature = module.serve.get_concrete_function()
+        tf.saved_model.save(module, path, signatures={SERVING_SIGNATURE: signature})
+    logger.info(
+        "export_serving: wrote %s (%d variables, %d sharded variables unsharded, %d dynamic-embedding keys)",
+        path, len(module.model_variables), unsharded, exported_keys,
+    )
+    return path
