@@ -45,6 +45,10 @@ POLICIES = ("drop", "scale")
 # share the last bin. A step is rarely staler than a few times the number of
 # workers, so 64 bins are exact for clusters of up to about 20 workers.
 STALENESS_BINS = 64
+# Layout of the probe's one vector of additive counters (`_StepProbe.counts`).
+_STEPS, _EXAMPLES, _STALENESS_SUM, _DROPPED = 0, 1, 2, 3
+_HISTOGRAM_AT = 4
+_ROWS_AT = _HISTOGRAM_AT + STALENESS_BINS  # then one slot per embedding layer
 # Snapshot directories are named after the global step, zero-padded so that
 # names sort like steps (12 digits: a trillion steps).
 SNAPSHOT_PREFIX = "snapshot-"
@@ -57,7 +61,7 @@ TMP_PREFIX = ".tmp-snapshot-"
 MANIFEST = "snapshot.json"
 CHECKPOINT_NAME = "ckpt"
 # ClusterMonitor: often enough to see a trend within one epoch of a test run,
-# rare enough that its remote reads (about 10 small ones) cost < 1 % of steps.
+# rare enough that its few small remote reads cost < 1 % of steps.
 DEFAULT_MONITOR_STEPS = 100
 # Bytes of one TFRA table key (int64).
 _TFRA_KEY_BYTES = 8
@@ -104,10 +108,13 @@ class _StepProbe:
     """Counters on the ps tasks, updated by every training step of one model.
 
     Installed by whichever callback needs it, removed when the last one is
-    done. Under ParameterServerStrategy the counters live on the ps tasks, so
-    the steps of every worker update the same counters. Under a strategy with
-    one replica and no coordinator (the default strategy) only the examples,
-    steps and rows counters are kept; staleness is 0 by construction there.
+    done. Under ParameterServerStrategy the counters live on one ps task (the
+    version counter's), so the steps of every worker update the same
+    counters. The additive ones are one int64 vector (`counts`, layout in
+    `_STEPS` .. `_ROWS_AT`) that a step updates with one op. Under a strategy
+    with one replica and no coordinator (the default strategy) only the
+    examples, steps and rows counters move; staleness is 0 by construction
+    there.
     """
 
     def __init__(self, model):
@@ -126,21 +133,24 @@ class _StepProbe:
         self._keep_alive: list = []
         if not self.enabled:
             return
+        embeddings = list(self._embeddings(model))
         scope = strategy.scope() if self.is_ps else _NullScope()
         with scope:
             def counter(name, shape=()):
                 return tf.Variable(tf.zeros(shape, tf.int64), trainable=False, name=f"tf_psx_{name}")
 
             self.version = counter("version")
-            self.steps = counter("steps")
-            self.examples = counter("examples")
-            self.staleness_sum = counter("staleness_sum")
-            self.dropped = counter("dropped")
-            self.histogram = counter("staleness_histogram", [STALENESS_BINS])
-            self.epoch_max = counter("staleness_epoch_max", [1])
-            self.rows = {}
-            for name, variables, rows in self._embeddings(model):
-                self.rows[name] = counter(f"rows_touched_{len(self.rows)}")
+            # Everything else sits on the version's ps task (one task to
+            # talk to per step); colocated variables are never partitioned.
+            colocate = strategy.extended.colocate_vars_with(self.version) if self.is_ps else _NullScope()
+            with colocate:
+                # steps, examples, staleness sum, dropped, histogram, rows touched per
+                # embedding: one vector, so that a step adds to all of them in one op.
+                self.counts = counter("counts", [_ROWS_AT + len(embeddings)])
+                self.epoch_max = counter("staleness_epoch_max", [1])
+            self.rows = {}  # embedding name -> its index in `counts`
+            for name, variables, rows in embeddings:
+                self.rows[name] = _ROWS_AT + len(self.rows)
                 self.embedding_rows[name] = rows
                 for variable in variables:
                     for component in [variable, *_components(variable)]:
@@ -206,13 +216,15 @@ class _StepProbe:
 
     def _wrap_train_step(self, original):
         def train_step(data):
-            frame: dict = {}
+            frame: dict = {"measures": [], "rows": []}
             deps = []
             if self.is_ps:
                 # Read the version before any parameter: the control
                 # dependency makes every read inside the step wait for it.
+                # (The identity brings it over once; the step's ops depend
+                # on the local copy.)
                 frame["version"] = self.version.read_value()
-                deps.append(frame["version"])
+                deps.append(tf.identity(frame["version"]))
             self._frames.append(frame)
             try:
                 with tf.control_dependencies(deps):
@@ -221,11 +233,24 @@ class _StepProbe:
                 self._frames.pop()
             first = tf.nest.flatten(data)[0]
             with tf.control_dependencies(tf.nest.flatten(outputs)):
-                self.examples.assign_add(tf.cast(tf.shape(first)[0], tf.int64))
-                self.steps.assign_add(1)
+                self.counts.assign_add(self._delta(frame, tf.cast(tf.shape(first)[0], tf.int64)))
             return outputs
 
         return train_step
+
+    def _delta(self, frame: dict, examples):
+        """What one step adds to `counts` (one dense int64 vector)."""
+        zero = tf.constant(0, tf.int64)
+        staleness_sum, dropped, histogram = zero, zero, tf.zeros([STALENESS_BINS], tf.int64)
+        for staleness, applied in frame["measures"]:
+            staleness_sum += staleness
+            dropped += 1 - applied
+            histogram += tf.one_hot(tf.minimum(staleness, STALENESS_BINS - 1), STALENESS_BINS, dtype=tf.int64)
+        rows = [zero] * len(self.rows)
+        for index, touched in frame["rows"]:
+            rows[index - _ROWS_AT] += touched
+        head = tf.stack([tf.constant(1, tf.int64), examples, staleness_sum, dropped])
+        return tf.concat([head, histogram, tf.stack(rows)] if rows else [head, histogram], 0)
 
     def _wrap_apply(self, original):
         def apply(distribution, grads_and_vars, **kwargs):
@@ -233,22 +258,30 @@ class _StepProbe:
                 return original(distribution, grads_and_vars, **kwargs)
             frame = self._frames[-1]
             grads_and_vars = list(grads_and_vars)
-            records = self._record_rows(grads_and_vars)
+            frame["rows"] += self._record_rows(grads_and_vars)
             if not self.is_ps:
-                with tf.control_dependencies(records):
-                    return original(distribution, grads_and_vars, **kwargs)
+                return original(distribution, grads_and_vars, **kwargs)
+            name, bound = self.policy or ("none", 0)
+            ready = tf.group(*[g.values if isinstance(g, tf.IndexedSlices) else g
+                               for g, _ in grads_and_vars if g is not None])
+            if name == "none":
+                # Only measured: the increment after the apply also reads the
+                # version (updates by others up to then count, as with a read
+                # right before the apply, plus those during it).
+                with tf.control_dependencies([ready, original(distribution, grads_and_vars, **kwargs)]):
+                    now = self.version.assign_add(1, read_value=True) - 1
+                staleness = tf.maximum(now - frame["version"], 0)
+                applied = tf.constant(1, tf.int64)
+                frame["measures"].append((staleness, applied))
+                record = self.epoch_max.scatter_max(
+                    tf.IndexedSlices(tf.reshape(staleness, [1]), tf.zeros([1], tf.int64)))
+                with tf.control_dependencies([record]):
+                    return now + 1
             # The version is read once the gradients exist, right before the apply.
-            ready = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in grads_and_vars if g is not None]
-            with tf.control_dependencies(ready):
+            with tf.control_dependencies([ready]):
                 now = self.version.read_value()
             staleness = tf.maximum(now - frame["version"], 0)
-            records += [
-                self.staleness_sum.assign_add(staleness),
-                self.histogram.scatter_add(tf.IndexedSlices(
-                    tf.ones([1], tf.int64), tf.reshape(tf.minimum(staleness, STALENESS_BINS - 1), [1]))),
-                self.epoch_max.scatter_max(tf.IndexedSlices(tf.reshape(staleness, [1]), tf.zeros([1], tf.int64))),
-            ]
-            name, bound = self.policy or ("none", 0)
+            record = self.epoch_max.scatter_max(tf.IndexedSlices(tf.reshape(staleness, [1]), tf.zeros([1], tf.int64)))
             if name == "scale":
                 factor = 1.0 / (1.0 + tf.cast(staleness, tf.float64))
                 grads_and_vars = [(_scaled(g, factor), v) for g, v in grads_and_vars]
@@ -261,8 +294,8 @@ class _StepProbe:
             else:
                 with tf.control_dependencies([original(distribution, grads_and_vars, **kwargs)]):
                     applied = tf.constant(1, tf.int64)
-            records.append(self.dropped.assign_add(1 - applied))
-            with tf.control_dependencies(records):
+            frame["measures"].append((staleness, applied))
+            with tf.control_dependencies([record]):
                 return self.version.assign_add(applied)
 
         return apply
@@ -273,7 +306,7 @@ class _StepProbe:
             name = self.groups.get(id(variable))
             if name is not None and isinstance(gradient, tf.IndexedSlices):
                 touched = tf.size(tf.unique(gradient.indices).y, out_type=tf.int64)
-                records.append(self.rows[name].assign_add(touched))
+                records.append((self.rows[name], touched))
         return records
 
     # -- reading (eager, on the coordinator) ----------------------------------
@@ -296,14 +329,15 @@ class _StepProbe:
         if not self.enabled:
             return {"steps": 0, "examples": 0, "staleness_sum": 0, "dropped": 0, "epoch_max": 0,
                     "histogram": np.zeros(STALENESS_BINS, np.int64), "rows": {}}
+        counts = self.counts.numpy()
         return {
-            "steps": int(self.steps.numpy()),
-            "examples": int(self.examples.numpy()),
-            "staleness_sum": int(self.staleness_sum.numpy()),
-            "dropped": int(self.dropped.numpy()),
+            "steps": int(counts[_STEPS]),
+            "examples": int(counts[_EXAMPLES]),
+            "staleness_sum": int(counts[_STALENESS_SUM]),
+            "dropped": int(counts[_DROPPED]),
             "epoch_max": int(self.epoch_max.numpy()[0]),
-            "histogram": np.asarray(tf.convert_to_tensor(self.histogram).numpy()),
-            "rows": {name: int(var.numpy()) for name, var in self.rows.items()},
+            "histogram": np.array(counts[_HISTOGRAM_AT:_HISTOGRAM_AT + STALENESS_BINS]),
+            "rows": {name: int(counts[index]) for name, index in self.rows.items()},
         }
 
 
