@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
 import psutil
 import pytest
 
@@ -111,3 +115,30 @@ def test_model_built_before_the_cluster_gets_clear_error():
     result = run_script("local_resources_then_cluster.py")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "clear error:" in result.stdout
+
+
+@pytest.mark.processes
+def test_tasks_die_with_a_killed_coordinator():
+    # The coordinator starts a process cluster, prints its task pids and then
+    # is killed with SIGKILL, so no `__exit__` runs: the kernel must end the
+    # tasks (PR_SET_PDEATHSIG).
+    code = (
+        "import tf_psx, time\n"
+        "cluster = tf_psx.LocalCluster(num_workers=1, num_ps=1, processes=True).start()\n"
+        "print('PIDS', cluster.pid('worker', 0), cluster.pid('ps', 0), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("PIDS"), line
+        pids = [int(pid) for pid in line.split()[1:]]
+        assert all(psutil.pid_exists(pid) for pid in pids)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in pids):
+        time.sleep(0.2)
+    alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert alive == []

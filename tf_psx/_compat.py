@@ -8,8 +8,10 @@ and why it exists.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import sys
+import weakref
 from types import ModuleType
 from typing import Any
 
@@ -115,8 +117,14 @@ def tfra():
     if "tensorflow_recommenders_addons.dynamic_embedding" not in sys.modules:
         keras3_init = _keras3_variance_scaling()
         saved_call = keras3_init.__call__ if keras3_init is not None else None
-        with contextlib.redirect_stdout(io.StringIO()):
-            import tensorflow_recommenders_addons.dynamic_embedding  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+        tf_logger = logging.getLogger("tensorflow")
+        level = tf_logger.level
+        tf_logger.setLevel(logging.ERROR)  # the horovod warning
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                import tensorflow_recommenders_addons.dynamic_embedding  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+        finally:
+            tf_logger.setLevel(level)
         if keras3_init is not None:
             # TFRA patches VarianceScaling.__call__ of every Keras it finds,
             # Keras 3 included, with a body that needs tf-keras internals:
@@ -125,6 +133,20 @@ def tfra():
             # with tf-keras, so Keras 3 gets its own method back.
             keras3_init.__call__ = saved_call
     return sys.modules["tensorflow_recommenders_addons.dynamic_embedding"]
+
+
+def load_tfra_ops() -> bool:
+    """Registers TFRA's custom ops in this process; False when TFRA is unusable.
+
+    Servers (`python -m tf_psx.server`) must do this before they start, or the
+    DynamicEmbedding tables that the coordinator places on them fail to be
+    created (TF resolves an op on the task that runs it).
+    """
+    try:
+        tfra()
+    except Exception:  # pylint: disable=broad-except  (a missing or broken TFRA build)
+        return False
+    return True
 
 
 def _keras3_variance_scaling():
@@ -374,3 +396,129 @@ def tfra_variable_class():
     if not tfra_loaded():
         return None
     return tfra().Variable
+
+
+# --- Per-worker TFRA shadows (written against TFRA 0.8.1, TF 2.16.2) ---
+
+_PER_WORKER_SHADOWS_INSTALLED = False
+# Prefix of the shared_name of a shadow's worker-local copy; the rest is the
+# variable's unique id, so each shadow (and its ids, exists and slot shadows)
+# gets its own resource on every worker.
+_PER_WORKER_SHARED_NAME_PREFIX = "tf_psx_per_worker/"
+_PER_WORKER_CLASSES: dict[type, type] = {}
+# Traced graph -> {id(variable): its worker-local handle in that graph}.
+_WORKER_HANDLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _outermost_func_graph(graph):
+    """The tf.function graph that `graph` is nested in (itself when not nested)."""
+    from tensorflow.python.framework import func_graph  # pylint: disable=import-outside-toplevel
+
+    while isinstance(getattr(graph, "outer_graph", None), func_graph.FuncGraph):
+        graph = graph.outer_graph
+    return graph
+
+
+class _PerWorkerHandle:
+    """Mixin: the resource handle is worker-local inside tf.functions.
+
+    TFRA 0.8.1's keras Embedding keeps the rows looked up in a step in
+    "shadow" variables (`de.shadow_ops.ShadowVariable`, with its `ids` and
+    `exists` buffers, and one shadow per optimizer slot) that the optimizer
+    then writes back to the table. Under TF 2.16's ParameterServerStrategy
+    these are ordinary variables created on the coordinator
+    (/job:chief/...), so every worker's step reads and writes the same
+    buffers: with 2 workers one worker's gradients are applied to the other
+    worker's rows (measured; tests/scripts/dynamic_two_workers.py). Inside
+    a traced function this mixin makes the handle a `VarHandleOp` with no
+    device and a fixed shared_name: the op runs where the step runs, so each
+    worker gets its own buffer (created by the first assignment, which
+    TFRA always does before it reads). Eagerly (on the coordinator: saving,
+    direct calls) the original handle is used. The same handle tensor is
+    returned for every use in one traced function, so GradientTape matches
+    the reads with the watched variable.
+    """
+
+    @property
+    def _handle(self):
+        eager_handle = self.__dict__["_tf_psx_eager_handle"]
+        from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+        from tensorflow.python.saved_model import save_context  # pylint: disable=import-outside-toplevel
+
+        if context.executing_eagerly() or save_context.in_save_context():
+            return eager_handle
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        from tensorflow.python.ops import gen_resource_variable_ops, handle_data_util  # pylint: disable=import-outside-toplevel
+
+        graph = _outermost_func_graph(tf.compat.v1.get_default_graph())
+        cache = _WORKER_HANDLES.setdefault(graph, {})
+        handle = cache.get(id(self))
+        if handle is None:
+            with graph.as_default(), tf.control_dependencies(None), tf.device(None):
+                handle = gen_resource_variable_ops.var_handle_op(
+                    dtype=self.dtype,
+                    shape=eager_handle._handle_data.shape_and_type[0].shape if eager_handle._handle_data else None,  # pylint: disable=protected-access
+                    shared_name=self.__dict__["_tf_psx_shared_name"],
+                    name="tf_psx_worker_shadow",
+                )
+                handle_data_util.set_handle_data(handle, eager_handle._handle_data)  # pylint: disable=protected-access
+            cache[id(self)] = handle
+        return handle
+
+    @_handle.setter
+    def _handle(self, value):
+        self.__dict__["_tf_psx_eager_handle"] = value
+
+    @property
+    def device(self):
+        # tf.distribute reduces gradients "to" the variable's device and
+        # refuses an empty one, so the coordinator's device is reported.
+        # Only that identity is placed by it; the reads and updates of the
+        # buffer are colocated with the worker-local handle.
+        return self.__dict__["_tf_psx_eager_handle"].device
+
+
+def _make_per_worker(variable) -> None:
+    """Switches one TFRA shadow buffer to worker-local handles (see _PerWorkerHandle)."""
+    cls = type(variable)
+    if issubclass(cls, _PerWorkerHandle):
+        return
+    per_worker_cls = _PER_WORKER_CLASSES.get(cls)
+    if per_worker_cls is None:
+        per_worker_cls = type(cls.__name__, (_PerWorkerHandle, cls), {"__module__": cls.__module__})
+        _PER_WORKER_CLASSES[cls] = per_worker_cls
+    eager_handle = variable.__dict__.pop("_handle")
+    variable.__dict__["_tf_psx_eager_handle"] = eager_handle
+    variable.__dict__["_tf_psx_shared_name"] = f"{_PER_WORKER_SHARED_NAME_PREFIX}{variable._unique_id}"  # pylint: disable=protected-access
+    variable.__class__ = per_worker_cls
+
+
+def install_per_worker_shadows() -> None:
+    """Makes TFRA shadows built under a ParameterServerStrategy worker-local.
+
+    Wraps `__init__` of TFRA 0.8.1's `shadow_ops.ShadowVariable` and of its
+    `DEResourceVariable` (the ids/exists buffers) once: an instance built
+    while a ParameterServerStrategy is current gets `_PerWorkerHandle`.
+    Instances built without such a strategy are left alone.
+    """
+    global _PER_WORKER_SHADOWS_INSTALLED  # pylint: disable=global-statement
+    if _PER_WORKER_SHADOWS_INSTALLED:
+        return
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    tfra()
+    from tensorflow_recommenders_addons.dynamic_embedding.python.ops import (  # pylint: disable=import-outside-toplevel
+        shadow_embedding_ops,
+    )
+
+    for klass in (shadow_embedding_ops.ShadowVariable, shadow_embedding_ops.DEResourceVariable):
+        original_init = klass.__init__
+
+        def __init__(self, *args, _original_init=original_init, **kwargs):
+            _original_init(self, *args, **kwargs)
+            if tf.distribute.has_strategy() and is_parameter_server_strategy(tf.distribute.get_strategy()):
+                _make_per_worker(self)
+
+        __init__.__wrapped__ = original_init
+        klass.__init__ = __init__
+    _PER_WORKER_SHADOWS_INSTALLED = True

@@ -11,6 +11,8 @@ Two modes:
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import signal
 import socket
@@ -65,6 +67,23 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
             sock.close()
 
 
+# prctl(2) option: the kernel sends the given signal to a child when the
+# thread that forked it exits.
+_PR_SET_PDEATHSIG = 1
+_EXIT_ORPHANED = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """Runs in a forked task before exec: own session; SIGKILL when `parent` dies (Linux)."""
+    os.setsid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: tasks outlive a killed coordinator
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(_EXIT_ORPHANED)  # pylint: disable=protected-access
+
+
 def port_is_listening(port: int, host: str = LOOPBACK) -> bool:
     """True when something accepts TCP connections on host:port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -112,6 +131,9 @@ class LocalCluster:
         accept any caller (docs/security.md).
       * Create the cluster (and the strategy) before building any model in
         the process: resources made before live on `/job:localhost`.
+      * Task processes get SIGKILL when the thread that started them exits
+        (Linux PR_SET_PDEATHSIG), so a killed coordinator leaves none behind;
+        start the cluster from a thread that lives as long as it.
     """
 
     def __init__(
@@ -279,8 +301,9 @@ class LocalCluster:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             # A Ctrl-C in a notebook or terminal must not kill the tasks
-            # behind the chief's back; stop() ends them.
-            start_new_session=True,
+            # behind the chief's back (stop() ends them), but a coordinator
+            # killed outright must not leave them running either.
+            preexec_fn=functools.partial(_die_with_parent, os.getpid()),  # pylint: disable=subprocess-popen-preexec-fn
         )
 
     def _wait_ready(self, keys: list[tuple[str, int]]) -> None:

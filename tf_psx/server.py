@@ -66,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
+    # A DynamicEmbedding's hash tables are created on the ps tasks with TFRA's
+    # custom ops ("TFRA>CuckooHashTableOfTensors"); a server that has not
+    # loaded them fails every such op with "is neither a type of a primitive
+    # operation nor a name of a function registered in binary".
+    if not _compat.load_tfra_ops():
+        print("tf_psx.server: tensorflow-recommenders-addons is not importable; "
+              "DynamicEmbedding tables cannot live on this task", file=sys.stderr, flush=True)
+
     stop = threading.Event()
 
     def _on_signal(signum, frame):  # pylint: disable=unused-argument
