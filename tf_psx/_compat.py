@@ -11,7 +11,6 @@ import inspect
 import logging
 import os
 import sys
-import weakref
 from types import ModuleType
 from typing import Any
 
@@ -406,8 +405,6 @@ _PER_WORKER_SHADOWS_INSTALLED = False
 # gets its own resource on every worker.
 _PER_WORKER_SHARED_NAME_PREFIX = "tf_psx_per_worker/"
 _PER_WORKER_CLASSES: dict[type, type] = {}
-# Traced graph -> {id(variable): its worker-local handle in that graph}.
-_WORKER_HANDLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _outermost_func_graph(graph):
@@ -420,23 +417,24 @@ def _outermost_func_graph(graph):
 
 
 class _PerWorkerHandle:
-    """Mixin: the resource handle is worker-local inside tf.functions.
+    """Mixin: inside a step scheduled on a worker, the buffer is that worker's own.
 
     TFRA 0.8.1's keras Embedding keeps the rows looked up in a step in
-    "shadow" variables (`de.shadow_ops.ShadowVariable`, with its `ids` and
+    "shadow" variables (`de.shadow_ops.ShadowVariable`, its `ids` and
     `exists` buffers, and one shadow per optimizer slot) that the optimizer
     then writes back to the table. Under TF 2.16's ParameterServerStrategy
-    these are ordinary variables created on the coordinator
-    (/job:chief/...), so every worker's step reads and writes the same
-    buffers: with 2 workers one worker's gradients are applied to the other
-    worker's rows (measured; tests/scripts/dynamic_two_workers.py). Inside
-    a traced function this mixin makes the handle a `VarHandleOp` with no
-    device and a fixed shared_name: the op runs where the step runs, so each
-    worker gets its own buffer (created by the first assignment, which
-    TFRA always does before it reads). Eagerly (on the coordinator: saving,
-    direct calls) the original handle is used. The same handle tensor is
-    returned for every use in one traced function, so GradientTape matches
-    the reads with the watched variable.
+    these are ordinary variables on the coordinator (/job:chief/...), so
+    every worker's step reads and writes the same buffers: with 2 workers
+    one worker's gradients are applied to the other worker's rows
+    (measured; tests/scripts/dynamic_two_workers.py). This mixin gives each
+    worker its own copy (a `VarHandleOp` run on every worker through
+    `ClusterCoordinator._create_per_worker_resources`, written by TFRA before
+    each read), and in a traced function the handle is a call-time capture
+    that resolves to the copy of the worker the step is dispatched to: the
+    mechanism TF 2.16 uses for `PerWorkerVariable`. Outside a dispatched
+    step (eagerly on the coordinator: saving, direct calls) the original
+    handle is used. One placeholder per variable and traced function, so
+    GradientTape matches the reads with the watched variable.
     """
 
     @property
@@ -448,22 +446,23 @@ class _PerWorkerHandle:
         if context.executing_eagerly() or save_context.in_save_context():
             return eager_handle
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
-        from tensorflow.python.ops import gen_resource_variable_ops, handle_data_util  # pylint: disable=import-outside-toplevel
+        from tensorflow.python.distribute import ps_values  # pylint: disable=import-outside-toplevel
+        from tensorflow.python.distribute.coordinator import coordinator_context  # pylint: disable=import-outside-toplevel
+
+        per_worker = self.__dict__["_tf_psx_per_worker_handles"]
+
+        def closure():
+            dispatch = coordinator_context.get_current_dispatch_context()
+            if dispatch is None:
+                return eager_handle
+            remote = per_worker._values[dispatch.worker_index]  # pylint: disable=protected-access
+            return dispatch.maybe_get_remote_value(remote)
 
         graph = _outermost_func_graph(tf.compat.v1.get_default_graph())
-        cache = _WORKER_HANDLES.setdefault(graph, {})
-        handle = cache.get(id(self))
-        if handle is None:
-            with graph.as_default(), tf.control_dependencies(None), tf.device(None):
-                handle = gen_resource_variable_ops.var_handle_op(
-                    dtype=self.dtype,
-                    shape=eager_handle._handle_data.shape_and_type[0].shape if eager_handle._handle_data else None,  # pylint: disable=protected-access
-                    shared_name=self.__dict__["_tf_psx_shared_name"],
-                    name="tf_psx_worker_shadow",
-                )
-                handle_data_util.set_handle_data(handle, eager_handle._handle_data)  # pylint: disable=protected-access
-            cache[id(self)] = handle
-        return handle
+        with graph.as_default():
+            return graph.capture_call_time_value(
+                closure, ps_values.PerWorkerVariableSpec(value=eager_handle), key=("tf_psx_per_worker", id(self))
+            )
 
     @_handle.setter
     def _handle(self, value):
@@ -474,12 +473,15 @@ class _PerWorkerHandle:
         # tf.distribute reduces gradients "to" the variable's device and
         # refuses an empty one, so the coordinator's device is reported.
         # Only that identity is placed by it; the reads and updates of the
-        # buffer are colocated with the worker-local handle.
+        # buffer run where its (worker-local) handle lives.
         return self.__dict__["_tf_psx_eager_handle"].device
 
 
-def _make_per_worker(variable) -> None:
-    """Switches one TFRA shadow buffer to worker-local handles (see _PerWorkerHandle)."""
+def _make_per_worker(variable, strategy) -> None:
+    """Switches one TFRA shadow buffer to worker-local copies (see _PerWorkerHandle)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=import-outside-toplevel
+
     cls = type(variable)
     if issubclass(cls, _PerWorkerHandle):
         return
@@ -488,8 +490,16 @@ def _make_per_worker(variable) -> None:
         per_worker_cls = type(cls.__name__, (_PerWorkerHandle, cls), {"__module__": cls.__module__})
         _PER_WORKER_CLASSES[cls] = per_worker_cls
     eager_handle = variable.__dict__.pop("_handle")
+    shared_name = f"{_PER_WORKER_SHARED_NAME_PREFIX}{variable._unique_id}"  # pylint: disable=protected-access
+    dtype = variable.dtype
+
+    @tf.function(autograph=False)
+    def create_handle():
+        return gen_resource_variable_ops.var_handle_op(dtype=dtype, shape=None, shared_name=shared_name)
+
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     variable.__dict__["_tf_psx_eager_handle"] = eager_handle
-    variable.__dict__["_tf_psx_shared_name"] = f"{_PER_WORKER_SHARED_NAME_PREFIX}{variable._unique_id}"  # pylint: disable=protected-access
+    variable.__dict__["_tf_psx_per_worker_handles"] = coordinator._create_per_worker_resources(create_handle)  # pylint: disable=protected-access
     variable.__class__ = per_worker_cls
 
 
@@ -517,7 +527,7 @@ def install_per_worker_shadows() -> None:
         def __init__(self, *args, _original_init=original_init, **kwargs):
             _original_init(self, *args, **kwargs)
             if tf.distribute.has_strategy() and is_parameter_server_strategy(tf.distribute.get_strategy()):
-                _make_per_worker(self)
+                _make_per_worker(self, tf.distribute.get_strategy())
 
         __init__.__wrapped__ = original_init
         klass.__init__ = __init__

@@ -208,6 +208,16 @@ class DynamicEmbedding(_keras.layers.Layer):
     train these tables; `Model.compile` does it for any model holding a
     DynamicEmbedding (`tf_psx._compat.install_tfra_optimizer_hook`).
 
+    Several workers may train at once: TFRA keeps the rows a step looked up
+    in "shadow" buffers, which TFRA 0.8.1 alone puts on the coordinator,
+    shared by every worker (with 2 workers, measured: Adagrad fails with
+    "indices[10] = 10 is not in [0, 10)" in ResourceScatterAdd, and when the
+    workers' batches have the same number of distinct keys SGD silently
+    applies one worker's gradients to the other worker's rows). Under a
+    ParameterServerStrategy each worker gets its own buffers
+    (`tf_psx._compat.install_per_worker_shadows`); tested with 2 workers
+    against the exact rows (tests/scripts/dynamic_two_workers.py).
+
     Example:
 
     >>> import tf_psx, tensorflow as tf
@@ -237,6 +247,19 @@ class DynamicEmbedding(_keras.layers.Layer):
       * Correctness with duplicate ids in a batch relies on TFRA's
         `with_unique=True` (set here): lookups are deduplicated, so gradients
         of a key arrive summed. Tested against a plain Embedding.
+      * Workers run asynchronously, and TFRA writes a trained row back as a
+        value (`upsert`; a delta only with `bp_v2=True`, TFRA 0.8.1's
+        `TrainableWrapper.update_op`): when two workers train the same key
+        at the same moment, one of the two updates can be lost (read from
+        the source, not measured). Rows are not mixed up between workers
+        (tested with 2 workers and disjoint keys).
+      * TFRA starts the Adagrad accumulator of a new key at 0, not at
+        `initial_accumulator_value` (measured with TFRA 0.8.1 in
+        tests/scripts/dynamic_two_workers.py).
+      * The per-worker buffers rely on private TF 2.16 hooks (call-time
+        captures, `ClusterCoordinator._create_per_worker_resources`), kept in
+        `tf_psx._compat`. Recovery of these buffers after a worker restart
+        is TF's resource re-creation and is not tested here.
     """
 
     def __init__(self, output_dim: int, key_dtype=tf.int64, initializer=None, name: str | None = None, **tfra_kwargs):
@@ -251,6 +274,7 @@ class DynamicEmbedding(_keras.layers.Layer):
             )
         de = _compat.tfra()
         _compat.install_tfra_optimizer_hook()
+        _compat.install_per_worker_shadows()
         self.output_dim = int(output_dim)
         self.key_dtype = key_dtype
         if initializer is None:
