@@ -308,3 +308,71 @@ def test_csv_with_another_header_is_refused(tmp_path):
     path.write_text("\n".join([lines[0].replace("I1,I2", "I2,I1")] + lines[1:3]) + "\n")
     with pytest.raises(ValueError, match=r"the CSV header must be 'label,I1,I2,.*received 'label,I2,I1,"):
         CriteoReader(str(path), 8)
+
+
+# --- graph_dataset: the TensorFlow-ops-only path that criteo_dataset_fn uses ---
+
+_PY_FUNC_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
+
+
+def _op_types(ds) -> set:
+    """Every op type in the dataset's graph, its functions included."""
+    graph = tf.compat.v1.GraphDef.FromString(ds._as_serialized_graph().numpy())  # pylint: disable=protected-access
+    types = {node.op for node in graph.node}
+    for function in graph.library.function:
+        types |= {node.op for node in function.node_def}
+    return types
+
+
+@pytest.mark.parametrize(
+    "paths, pipeline, kwargs",
+    [
+        (TSV, None, {}),
+        (CSV, None, {"vocab_size": 1000}),
+        ([TSV, CSV], (3, 1), {}),  # line sharding across two files of both layouts
+        (TSV, (2, 0), {"num_epochs": 2, "drop_remainder": True, "dense_missing_value": -1.0}),
+    ],
+)
+def test_graph_dataset_gives_the_batches_of_the_python_reader(paths, pipeline, kwargs):
+    ctx = None if pipeline is None else tf.distribute.InputContext(*pipeline)
+    reader = CriteoReader(paths, 37, input_context=ctx, **kwargs)
+    expected, got = _collect(reader.dataset()), _collect(reader.graph_dataset())
+    assert len(got[2]) > 0
+    for want, have in zip(expected, got):
+        np.testing.assert_array_equal(have, want)
+
+
+def test_graph_dataset_skips_the_malformed_lines_the_python_reader_skips(tmp_path):
+    path, good = _write_with_bad_lines(tmp_path)
+    lines = _lines(CSV)
+    nan_row = lines[1].split(",")
+    nan_row[5] = "nan"  # I5: refused in the CSV layout
+    quoted = ",".join(f'"{v}"' for v in lines[2].split(","))  # fully quoted: kept, unquoted
+    csv_path = tmp_path / "mixed.csv"
+    csv_path.write_text("\n".join([lines[0], ",".join(nan_row), quoted, lines[3], ""]) + "\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CriteoMalformedLineWarning)
+        for p in (path, str(csv_path)):
+            reader = CriteoReader(p, 4)
+            expected, got = _collect(reader.dataset()), _collect(reader.graph_dataset())
+            for want, have in zip(expected, got):
+                np.testing.assert_array_equal(have, want)
+    assert _collect(CriteoReader(path, 4).graph_dataset())[2].tolist() == [float(x.split("\t")[0]) for x in good]
+    assert len(_collect(CriteoReader(str(csv_path), 4).graph_dataset())[2]) == 2
+
+
+def test_criteo_dataset_fn_runs_no_python_on_the_workers():
+    # A from_generator (py_func) dataset on a ParameterServerStrategy worker calls
+    # back into the coordinator; deleting its iterator after fit deadlocked the
+    # coordinator's next eager op (examples/criteo_ps.py hung 3 runs in 5).
+    assert _op_types(CriteoReader(TSV, 8).dataset()) & _PY_FUNC_OPS  # the check can see one
+    fn = criteo_dataset_fn(TSV, 8, repeat=True, shuffle_buffer=100, seed=0)
+    ds = fn(tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0))
+    types = _op_types(ds)
+    assert "TextLineDataset" in types
+    assert not types & _PY_FUNC_OPS, types & _PY_FUNC_OPS
+
+
+def test_criteo_dataset_fn_refuses_stats():
+    with pytest.raises(ValueError, match=r"`stats`.*Fix: drop `stats`"):
+        criteo_dataset_fn(TSV, 8, stats=CriteoStats())

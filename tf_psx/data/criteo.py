@@ -76,6 +76,11 @@ _SEPARATORS = {"tsv": b"\t", "csv": b","}
 # Labels as the two layouts write them ("0.0" appears in CSVs written by pandas).
 _LABELS = {b"0": 0.0, b"1": 1.0, b"0.0": 0.0, b"1.0": 1.0}
 _NAN = float("nan")
+# What `graph_dataset` accepts as a dense value: what int() takes in the TSV
+# layout, and a finite float in the CSV one (what `_rows` accepts, minus
+# Python's underscores and surrounding spaces, which Criteo files never have).
+_TSV_NUMBER = r"[+-]?[0-9]+"
+_CSV_NUMBER = r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
 _GLOB_CHARS = "*?["
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -285,13 +290,14 @@ class CriteoReader:
 
     Known limitations:
 
-    * Parsing runs in Python (`tf.data.Dataset.from_generator`), at roughly
-      10^5 rows/s per reader on one core. Under `ParameterServerStrategy` the
-      generator runs in the coordinator (chief) process, not on the workers
-      (seen with `LocalCluster(processes=True)`: the chief's `stats` count
-      the workers' rows), so all workers' parsing shares the chief's Python
-      and GIL; the chief must be able to read the files and must be in the
-      cluster spec (tensorflow/tensorflow#48957).
+    * `dataset()` parses in Python (`tf.data.Dataset.from_generator`), at
+      roughly 10^5 rows/s per reader on one core. Under
+      `ParameterServerStrategy` such a generator runs in the coordinator
+      (chief) process, not on the workers (tensorflow/tensorflow#48957), and
+      deleting the workers' iterators after `fit` deadlocked the chief's
+      next eager op (measured: 3 runs in 5 of examples/criteo_ps.py). Use
+      `graph_dataset()` there (`criteo_dataset_fn` does): TensorFlow ops
+      only, parsed on the workers, but with no `stats` and no warnings.
     * Sharding by line makes every pipeline read every line (it parses only
       its own); give at least as many files as pipelines for real data.
     * Shuffling mixes rows within `shuffle_buffer`; the file order is kept.
@@ -408,6 +414,77 @@ class CriteoReader:
         def to_features(label, dense, cat):
             return {"dense": dense, "cat": criteo_keys(cat, vocab_size)}, label
 
+        return ds.map(to_features, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+    def graph_dataset(self):
+        """Returns the same batches as `dataset()`, parsed by TensorFlow ops only.
+
+        No Python runs per element: the pipeline is `TextLineDataset` and
+        `tf.strings` ops, so it runs wherever tf.data places it, e.g. on a
+        `ParameterServerStrategy` worker. `criteo_dataset_fn` uses it.
+
+        The differences from `dataset()`: malformed lines are skipped by the
+        same rules but neither counted in `stats` nor warned about (a worker
+        cannot reach the coordinator's Python); a quoted CSV field is
+        unquoted, and one holding a comma makes its line malformed; the
+        shuffle order differs.
+
+        Example:
+
+        >>> import os, tf_psx
+        >>> data = os.path.join(os.path.dirname(tf_psx.__file__), "..", "..", "shared", "data")
+        >>> reader = CriteoReader(os.path.join(data, "criteo_kaggle_sample.tsv"), batch_size=64)
+        >>> sum(int(label.shape[0]) for _, label in reader.graph_dataset())
+        200
+        """
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        lines = None
+        for path, (layout, has_header) in zip(self.files, self._layouts):
+            file_lines = tf.data.TextLineDataset(path, compression_type="GZIP" if path.endswith(".gz") else None)
+            if has_header:
+                file_lines = file_lines.skip(1)
+            is_csv = layout == "csv"
+            file_lines = file_lines.map(lambda line, c=is_csv: (line, tf.constant(c)))
+            lines = file_lines if lines is None else lines.concatenate(file_lines)
+        num_pipelines, pipeline_id = self.line_shard
+        if num_pipelines > 1:
+            # The data-line index across one pass of the files, as `_rows` counts it.
+            lines = lines.enumerate().filter(lambda index, _: index % num_pipelines == pipeline_id)
+            lines = lines.map(lambda _, pair: pair)
+        lines = lines.repeat(self.num_epochs)
+        missing = self.dense_missing_value
+
+        def parse(line, is_csv):
+            line = tf.strings.regex_replace(line, r"[\r\n]+$", "")
+            fields = tf.cond(
+                is_csv,
+                lambda: tf.strings.regex_replace(tf.strings.split(line, ","), '^"(.*)"$', "\\1"),
+                lambda: tf.strings.split(line, "\t"),
+            )
+            ok = tf.equal(tf.size(fields), NUM_FIELDS)
+            fields = tf.cond(ok, lambda: fields, lambda: tf.fill([NUM_FIELDS], ""))
+            label_text, dense_text, cat = fields[0], fields[1 : 1 + NUM_DENSE], fields[1 + NUM_DENSE :]
+            ok = ok & tf.reduce_any(tf.equal(label_text, list(_LABELS)))
+            number = tf.where(is_csv, _CSV_NUMBER, _TSV_NUMBER)
+            valid = tf.equal(dense_text, "") | tf.strings.regex_full_match(dense_text, number)
+            ok = ok & tf.reduce_all(valid)
+            safe = tf.where(valid & tf.not_equal(dense_text, ""), dense_text, "0")
+            raw = tf.strings.to_number(safe, tf.float64)
+            dense = tf.where(tf.equal(dense_text, ""), tf.constant(missing, tf.float64), tf.math.log1p(tf.maximum(raw, 0.0)))
+            label = tf.strings.to_number(tf.where(ok, label_text, "0"), tf.float32)
+            return ok, label, tf.cast(dense, tf.float32), cat
+
+        rows = lines.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        rows = rows.filter(lambda ok, *_: ok).map(lambda _, label, dense, cat: (label, dense, cat))
+        if self.shuffle_buffer > 0:
+            rows = rows.shuffle(self.shuffle_buffer, seed=self.seed)
+        vocab_size = self.vocab_size
+
+        def to_features(label, dense, cat):
+            return {"dense": dense, "cat": criteo_keys(cat, vocab_size)}, label
+
+        ds = rows.batch(self.batch_size, self.drop_remainder)
         return ds.map(to_features, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
     def _batches(self, rows_per_batch: int, drop_remainder: bool) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -551,8 +628,10 @@ def criteo(paths: PathLike | Sequence[PathLike], batch_size: int, **kwargs):
 def criteo_dataset_fn(paths: PathLike | Sequence[PathLike], batch_size: int, **kwargs) -> Callable[[Any], Any]:
     """Returns `dataset_fn(input_context)` for `DatasetCreator`.
 
-    Each worker reads its own share of `paths` (see `CriteoReader`). Files
-    are checked here, on the caller, before anything connects.
+    Each worker reads its own share of `paths` (see `CriteoReader`), parsed
+    by `CriteoReader.graph_dataset` (TensorFlow ops only, so it runs on the
+    worker; malformed lines are skipped uncounted). Files are checked here,
+    on the caller, before anything connects.
 
     Example:
 
@@ -566,20 +645,36 @@ def criteo_dataset_fn(paths: PathLike | Sequence[PathLike], batch_size: int, **k
     Args:
       paths: files or glob patterns.
       batch_size: rows per batch on each worker.
-      **kwargs: the keyword arguments of `CriteoReader` but `input_context`;
-        pass repeat=True for ParameterServerStrategy's `fit`.
+      **kwargs: the keyword arguments of `CriteoReader` but `input_context`
+        and `stats`; pass repeat=True for ParameterServerStrategy's `fit`.
 
     Returns:
       A function of a `tf.distribute.InputContext` that returns the dataset.
+
+    Raises:
+      ValueError: for `input_context` or `stats` in kwargs, or what
+        `CriteoReader` refuses.
+      FileNotFoundError: when a path does not exist or a pattern matches
+        nothing.
     """
     if "input_context" in kwargs:
         raise ValueError(
             "Argument `input_context` is given by DatasetCreator to the returned dataset_fn. "
             "Fix: drop it from criteo_dataset_fn's arguments."
         )
+    if "stats" in kwargs:
+        raise ValueError(
+            "Argument `stats` cannot be counted by criteo_dataset_fn: its datasets are parsed by "
+            f"TensorFlow ops on the workers, which cannot update a Python object. Received: {kwargs['stats']!r}. "
+            "Fix: drop `stats`; to count malformed lines, read the files once with "
+            "`criteo(paths, batch_size, stats=CriteoStats())`."
+        )
     CriteoReader(paths, batch_size, **kwargs)  # validate now, on the coordinator
 
     def dataset_fn(input_context=None):
-        return criteo(paths, batch_size, input_context=input_context, **kwargs)
+        # TensorFlow ops only: a from_generator dataset on a ParameterServerStrategy
+        # worker calls back into the coordinator's Python, and deleting its
+        # iterator after fit deadlocked the coordinator's next eager op.
+        return CriteoReader(paths, batch_size, input_context=input_context, **kwargs).graph_dataset()
 
     return dataset_fn
