@@ -17,6 +17,7 @@ EXTRAS_REQUIRE = {
     "dev": [
         "pytest>=7",
         "pytest-timeout>=2.1",
+        "pytest-xdist>=3.5",
         "nbclient>=0.9",
         "nbformat>=5.9",
         "ipykernel>=6.25",
