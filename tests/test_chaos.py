@@ -83,17 +83,18 @@ def test_three_worker_kills_lose_no_step(tmp_path):
     killed = []
     with LaunchRun(
         ["--workers", "2", "--ps", "1", "--max-restarts", "3", "--log-dir", str(tmp_path)],
-        [*TRAIN, "--epochs", str(epochs), "--steps", str(steps), "--step-sleep", "0.1"],
+        [*TRAIN, "--epochs", str(epochs), "--steps", str(steps), "--step-sleep", "0.25"],
     ) as run:
         index = 0
-        for point in points:
+        for number, point in enumerate(points, start=1):
             index, match = run.wait_for(STEP_RE, start=index, predicate=lambda m, p=point: _step(m) >= p)
             victim = f"worker:{rng.randrange(2)}"
             pid = run.pids()[victim]
             os.kill(pid, signal.SIGKILL)
             killed.append((victim, pid, _step(match)))
             index, _ = run.wait_for(rf"^tf-psx launch: {victim} exited with status -9 \(killed by SIGKILL\); restarting it", start=index)
-            index, _ = run.wait_for(rf"^\[{victim}\] tf_psx.server ready", start=index)
+            if number < len(points):  # the run may end before the last restarted worker is up
+                index, _ = run.wait_for(rf"^\[{victim}\] tf_psx.server ready", start=index)
         code = run.wait()
     assert code == 0, run.output
     # Every kill hit the run before its end, and each was seen and repaired.
