@@ -64,3 +64,16 @@ def _cluster_first(ps_strategy):
     afterwards (tf_psx.LocalResourcesError), so the connection comes first.
     """
     return ps_strategy
+
+
+@pytest.fixture
+def run(capsys):
+    """Runs `tf-psx ARGV` in-process; returns (exit status, stdout, stderr)."""
+    from tf_psx import cli  # pylint: disable=import-outside-toplevel
+
+    def _run(*argv: str) -> tuple[int, str, str]:
+        status = cli.main(list(argv))
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return _run

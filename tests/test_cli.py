@@ -36,18 +36,6 @@ K8S_ARGS = ["k8s", "--name", "ctr", "--image", "img:1", "--workers", "2", "--ps"
 SUBPROCESS_TIMEOUT_S = 120
 
 
-@pytest.fixture
-def run(capsys):
-    """Runs `tf-psx ARGV` in-process; returns (exit status, stdout, stderr)."""
-
-    def _run(*argv: str) -> tuple[int, str, str]:
-        status = cli.main(list(argv))
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return _run
-
-
 def test_public_api_is_pinned():
     assert cli.__all__ == ["CommandError", "main"]
     assert {"_add_config", "_add_k8s", "_add_shard_report"} <= {add.__name__ for add in cli._SUBCOMMANDS}

@@ -17,16 +17,6 @@ TSV = os.path.join(DATA, "criteo_kaggle_sample.tsv")
 CSV = os.path.join(DATA, "criteo_sample.txt")
 
 
-@pytest.fixture
-def run(capsys):
-    def _run(*argv: str) -> tuple[int, str, str]:
-        status = cli.main(list(argv))
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return _run
-
-
 def _zipf_ids(num_rows: int, count: int, seed: int = 0) -> np.ndarray:
     # Frequency-sorted ids, as after a vocabulary built by counting: id k has
     # probability proportional to 1 / (k + 1) ** 1.05 over the whole table.
