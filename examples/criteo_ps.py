@@ -1,7 +1,9 @@
 """Criteo clicks on a parameter-server cluster, from the log file to a served model.
 
-The whole production path on a small real sample (the 200-row Criteo sample
-in the Criteo Display Advertising layout; give your own files with --data):
+The whole production path on a small sample: by default 200 rows generated
+in the Criteo Display Advertising layout from a planted model
+(`tf_psx.data.write_criteo_sample`, written to a temp dir); give real files
+with --data, e.g. the 200 real rows of examples/data/criteo_kaggle_sample.tsv:
 
 * `tf_psx.data.criteo_dataset_fn` streams the files; each worker reads its
   own share, dense counts get log1p, categoricals become salted int64 keys;
@@ -37,11 +39,14 @@ import tf_psx  # routes tf.keras to tf-keras; import before using tf.keras
 import tensorflow as tf
 
 from tf_psx.callbacks import ClusterMonitor, PeriodicSync, StalenessBound
-from tf_psx.data import CriteoStats, criteo, criteo_dataset_fn
+from tf_psx.data import CriteoStats, criteo, criteo_dataset_fn, write_criteo_sample
 from tf_psx.data.criteo import NUM_CATEGORICAL, NUM_DENSE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SAMPLE = os.path.join(os.path.dirname(REPO), "shared", "data", "criteo_kaggle_sample.tsv")
+# Real Criteo rows (non-commercial licence, see examples/data/README.md): an
+# optional input; by default the example generates GENERATED_ROWS rows, as many.
+REAL_SAMPLE = os.path.join(REPO, "examples", "data", "criteo_kaggle_sample.tsv")
+GENERATED_ROWS = 200
 BATCH_SIZE = 32  # per worker
 EMBED_DIM = 8
 # The served model runs the same float32 graph on the same values.
@@ -61,7 +66,9 @@ def build_model() -> tf.keras.Model:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", nargs="+", default=[SAMPLE], help="Criteo files (TSV or CSV with header)")
+    parser.add_argument("--data", nargs="+", default=None,
+                        help=f"Criteo files (TSV or CSV with header), e.g. {REAL_SAMPLE}; "
+                             f"default: {GENERATED_ROWS} generated rows")
     parser.add_argument("--out", default=None, help="snapshots, logs and the export go here (default: a temp dir)")
     parser.add_argument("--steps", type=int, default=60, help="training steps in all")
     parser.add_argument("--epochs", type=int, default=2)
@@ -71,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.out or tempfile.mkdtemp(prefix="criteo_ps-")
     start = time.time()
+    if args.data is None:
+        generated = os.path.join(tempfile.mkdtemp(prefix="criteo_ps-data-"), "criteo_generated.tsv")
+        args.data = [write_criteo_sample(generated, GENERATED_ROWS, seed=0).path]
+        print(f"input: {GENERATED_ROWS} generated Criteo rows in {generated} (real rows: --data {REAL_SAMPLE})")
 
     # Checked here, before any server starts: a missing file fails at once.
     dataset_fn = criteo_dataset_fn(args.data, BATCH_SIZE, repeat=True, shuffle_buffer=1_000, seed=0)

@@ -66,6 +66,25 @@ def _cluster_first(ps_strategy):
     return ps_strategy
 
 
+# The Criteo files of the tests are generated (tf_psx.data.write_criteo_sample),
+# never read from outside the repository; as many rows as DeepCTR's real
+# sample, so that the batch arithmetic in the tests reads the same.
+CRITEO_ROWS = 200
+CRITEO_SEED = 0
+
+
+@pytest.fixture(scope="session")
+def criteo_sample(tmp_path_factory):
+    """The same generated Criteo rows in both layouts: {"tsv": CriteoSample, "csv": CriteoSample}."""
+    from tf_psx.data import write_criteo_sample  # pylint: disable=import-outside-toplevel
+
+    directory = tmp_path_factory.mktemp("criteo")
+    return {
+        layout: write_criteo_sample(directory / f"sample.{layout}", CRITEO_ROWS, layout=layout, seed=CRITEO_SEED)
+        for layout in ("tsv", "csv")
+    }
+
+
 @pytest.fixture
 def run(capsys):
     """Runs `tf-psx ARGV` in-process; returns (exit status, stdout, stderr)."""

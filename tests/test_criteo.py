@@ -1,35 +1,67 @@
-"""Unit tests (no servers) for the Criteo reader, on the shared 200-row samples."""
+"""Unit tests (no servers) for the Criteo reader and the Criteo-layout generator.
+
+The files are generated (`write_criteo_sample`, the `criteo_sample` fixture of
+conftest.py): expectations come from a plain-Python parse of the same files
+and from what the generator says it wrote, never from numbers of real data.
+"""
 
 from __future__ import annotations
 
 import csv
+import gzip
 import importlib
 import inspect
 import math
-import os
 import pathlib
+import re
 import warnings
+from collections import Counter
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_psx
-from tf_psx.data import CriteoMalformedLineWarning, CriteoReader, CriteoStats, criteo, criteo_dataset_fn, criteo_keys
+from conftest import CRITEO_ROWS, CRITEO_SEED
+from tf_psx.data import (
+    CriteoMalformedLineWarning,
+    CriteoReader,
+    CriteoStats,
+    criteo,
+    criteo_dataset_fn,
+    criteo_keys,
+    roc_auc,
+    write_criteo_sample,
+)
 
 # `tf_psx.data.criteo` is the function; the module is reached through sys.modules.
 criteo_module = importlib.import_module("tf_psx.data.criteo")
+generator_module = importlib.import_module("tf_psx.data.synthetic_criteo")
 
-DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
-TSV = os.path.join(DATA, "criteo_kaggle_sample.tsv")
-CSV = os.path.join(DATA, "criteo_sample.txt")
-SAMPLE_ROWS = 200
+SAMPLE_ROWS = CRITEO_ROWS
 FULL_SPACE = 2**62
 
 
-def _lines(path=TSV):
+@pytest.fixture
+def tsv_file(criteo_sample):
+    return criteo_sample["tsv"].path
+
+
+@pytest.fixture
+def csv_file(criteo_sample):
+    return criteo_sample["csv"].path
+
+
+def _lines(path):
     with open(path, encoding="utf-8") as f:
         return f.read().splitlines()
+
+
+def _parse(path, delimiter="\t"):
+    """A plain-Python parse of a file: rows of strings, the CSV header dropped."""
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f, delimiter=delimiter))
+    return rows[1:] if rows and rows[0][0] == "label" else rows
 
 
 def _collect(ds):
@@ -44,6 +76,12 @@ def _collect(ds):
 
 def _key(text: str, buckets: int = FULL_SPACE) -> int:
     return int(tf.strings.to_hash_bucket_fast(text, buckets))
+
+
+def _keys(rows, buckets: int = FULL_SPACE) -> np.ndarray:
+    """Fingerprint64("C{j}:{value or '<missing>'}") mod buckets of every row's C1..C26."""
+    texts = [[f"C{j}:{v or '<missing>'}" for j, v in enumerate(r[14:], start=1)] for r in rows]
+    return tf.strings.to_hash_bucket_fast(texts, buckets).numpy()
 
 
 def test_public_api_is_pinned():
@@ -66,11 +104,12 @@ def test_public_api_is_pinned():
     assert (criteo_module.NUM_DENSE, criteo_module.NUM_CATEGORICAL, criteo_module.NUM_FIELDS) == (13, 26, 40)
 
 
-def test_tsv_and_csv_samples_give_identical_batches():
+def test_tsv_and_csv_samples_give_identical_batches(tsv_file, csv_file):
     # 200 rows at batch 64: batches of 64, 64, 64, 8 in both files, compared one by one.
+    assert _lines(csv_file)[0] == criteo_module.CSV_HEADER and _lines(csv_file)[1] != _lines(tsv_file)[0]
     tsv_stats, csv_stats = CriteoStats(), CriteoStats()
-    tsv = list(criteo(TSV, 64, stats=tsv_stats))
-    csv_ = list(criteo(CSV, 64, stats=csv_stats))
+    tsv = list(criteo(tsv_file, 64, stats=tsv_stats))
+    csv_ = list(criteo(csv_file, 64, stats=csv_stats))
     assert [int(lab.shape[0]) for _, lab in tsv] == [64, 64, 64, 8]
     assert len(tsv) == len(csv_)
     for (f_t, l_t), (f_c, l_c) in zip(tsv, csv_):
@@ -78,43 +117,70 @@ def test_tsv_and_csv_samples_give_identical_batches():
         np.testing.assert_array_equal(f_t["cat"].numpy(), f_c["cat"].numpy())
         np.testing.assert_array_equal(l_t.numpy(), l_c.numpy())
     assert (tsv_stats.rows, csv_stats.rows, tsv_stats.malformed, csv_stats.malformed) == (200, 200, 0, 0)
-    reader = CriteoReader([TSV, CSV], 64)
+    reader = CriteoReader([tsv_file, csv_file], 64)
     assert reader.formats == ("tsv", "csv")
 
 
-def test_values_match_a_manual_parse():
-    dense, cat, label = _collect(criteo(TSV, 32))
+def test_values_match_a_manual_parse(tsv_file, csv_file, criteo_sample, tmp_path):
+    dense, cat, label = _collect(criteo(tsv_file, 32))
     assert dense.shape == (SAMPLE_ROWS, 13) and dense.dtype == np.float32
     assert cat.shape == (SAMPLE_ROWS, 26) and cat.dtype == np.int64
     assert label.shape == (SAMPLE_ROWS,) and label.dtype == np.float32
-    with open(TSV, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f, delimiter="\t"))
+    rows = _parse(tsv_file)
+    assert len(rows) == SAMPLE_ROWS and {len(r) for r in rows} == {40}
+    # The rows hold what the cases below need: missing and negative counts, zeros, missing categoricals.
+    assert any(r[1] == "" for r in rows) and any(r[2].startswith("-") for r in rows)
+    assert any(v == "0" for r in rows for v in r[1:14]) and any(v == "" for r in rows for v in r[14:])
     np.testing.assert_array_equal(label, [float(r[0]) for r in rows])
-    # 49 of the 200 rows are clicks (cut -f1 | sort | uniq -c).
-    assert label.sum() == 49
-    for i in range(5):
-        expected = [math.log1p(max(int(v), 0)) if v else 0.0 for v in rows[i][1:14]]
-        np.testing.assert_allclose(dense[i], expected, rtol=1e-6)
-        keys = [_key(f"C{j}:{v or '<missing>'}") for j, v in enumerate(rows[i][14:], start=1)]
-        np.testing.assert_array_equal(cat[i], keys)
-    # Row 0 is "0, '', 3, 260, '', 17668, ...": I1 missing -> 0, I2 = log1p(3) = 1.386294,
-    # I3 = log1p(260) = ln 261 = 5.564520. Row 1 has I2 = -1, clipped at 0 -> log1p(0) = 0.
+    # Clicks counted by the parse (cut -f1 | sort | uniq -c) and by the generator agree.
+    clicks = sum(r[0] == "1" for r in rows)
+    assert label.sum() == clicks == criteo_sample["tsv"].labels.sum() and 0 < clicks < SAMPLE_ROWS
+    expected = [[math.log1p(max(int(v), 0)) if v else 0.0 for v in r[1:14]] for r in rows]
+    np.testing.assert_allclose(dense, expected, rtol=1e-6)
+    np.testing.assert_array_equal(cat, _keys(rows))
+    # The CSV file's floats ("260.0") are the TSV file's integers ("260").
+    csv_rows = _parse(csv_file, delimiter=",")
+    assert [[float(v) if v else None for v in r[1:14]] for r in csv_rows] == [
+        [float(int(v)) if v else None for v in r[1:14]] for r in rows
+    ]
+    assert [r[14:] for r in csv_rows] == [r[14:] for r in rows]
+
+    # A row worked out by hand: "0, '', 3, 260, ...": I1 missing -> 0, I2 = log1p(3) = 1.386294,
+    # I3 = log1p(260) = ln 261 = 5.564520. A second row has I2 = -1, clipped at 0 -> log1p(0) = 0,
+    # and C25 empty: its key is the per-column missing key.
+    first, second = list(rows[0]), list(rows[1])
+    first[:4] = ["0", "", "3", "260"]
+    second[2], second[14 + 24] = "-1", ""
+    path = tmp_path / "by_hand.tsv"
+    path.write_text("\t".join(first) + "\n" + "\t".join(second) + "\n")
+    dense, cat, _ = _collect(criteo(str(path), 2))
     np.testing.assert_allclose(dense[0, :3], [0.0, 1.3862944, 5.5645204], rtol=1e-6)
-    assert rows[1][2] == "-1" and dense[1, 1] == 0.0
-    # Row 0's C25 is empty: its key is the per-column missing key.
-    assert rows[0][14 + 24] == "" and cat[0, 24] == _key("C25:<missing>")
+    assert dense[1, 1] == 0.0
+    assert cat[1, 24] == _key("C25:<missing>")
 
 
-def test_dense_missing_value_is_used_for_missing_fields_only():
-    dense, _, _ = _collect(criteo(TSV, 200, dense_missing_value=-1.0))
-    # Row 0: I1 is empty -> -1; I12 is "0" -> log1p(0) = 0, not the missing value.
-    first = _lines()[0].split("\t")
-    assert first[1] == "" and first[12] == "0"
-    assert dense[0, 0] == -1.0 and dense[0, 11] == 0.0
+def test_reader_gives_the_generated_rows(criteo_sample):
+    # What the generator says it wrote, through the reader's transform.
+    for sample in criteo_sample.values():
+        dense, cat, label = _collect(criteo(sample.path, 64))
+        np.testing.assert_array_equal(label, sample.labels)
+        want = np.where(np.isnan(sample.dense), 0.0, np.log1p(np.maximum(sample.dense, 0.0)))
+        np.testing.assert_allclose(dense, want, rtol=1e-6)
+        np.testing.assert_array_equal(cat, criteo_keys(tf.constant(sample.cat.astype(str))).numpy())
 
 
-def test_same_value_same_column_same_key_other_column_other_key(tmp_path):
-    fields = _lines()[0].split("\t")
+def test_dense_missing_value_is_used_for_missing_fields_only(tsv_file):
+    dense, _, _ = _collect(criteo(tsv_file, 200, dense_missing_value=-1.0))
+    # Every empty I field -> -1; every "0" -> log1p(0) = 0, not the missing value.
+    raw = np.array([r[1:14] for r in _parse(tsv_file)])
+    empty, zero = raw == "", raw == "0"
+    assert empty.any() and zero.any()
+    assert (dense[empty] == -1.0).all() and (dense[zero] == 0.0).all()
+    assert (dense[~empty] >= 0.0).all()
+
+
+def test_same_value_same_column_same_key_other_column_other_key(tmp_path, tsv_file):
+    fields = _lines(tsv_file)[0].split("\t")
     fields[14] = fields[15] = "deadbeef"  # C1 and C2 hold the same string
     path = tmp_path / "salt.tsv"
     path.write_text("\t".join(fields) + "\n" + "\t".join(fields) + "\n")
@@ -128,25 +194,26 @@ def test_same_value_same_column_same_key_other_column_other_key(tmp_path):
 
 
 @pytest.mark.parametrize("vocab_size", [1, 1000])
-def test_vocab_size_bounds_keys(vocab_size):
-    _, cat, _ = _collect(criteo(TSV, 100, vocab_size=vocab_size))
+def test_vocab_size_bounds_keys(vocab_size, tsv_file):
+    _, cat, _ = _collect(criteo(tsv_file, 100, vocab_size=vocab_size))
     assert cat.min() >= 0 and cat.max() < vocab_size
-    # key = Fingerprint64 mod N, checked on row 0's C1 ("05db9164").
-    assert cat[0, 0] == _key("C1:05db9164", vocab_size)
+    # key = Fingerprint64 mod N, checked on row 0's C1 (8 hex digits).
+    first_c1 = _parse(tsv_file)[0][14]
+    assert len(first_c1) == 8 and cat[0, 0] == _key(f"C1:{first_c1}", vocab_size)
     if vocab_size > 1:
         # 200 rows x 26 columns have hundreds of distinct values: not all in a few buckets.
         assert len(np.unique(cat)) > 100
 
 
-def test_full_keys_are_non_negative_and_below_2_62():
-    _, cat, _ = _collect(criteo(TSV, 200))
+def test_full_keys_are_non_negative_and_below_2_62(tsv_file):
+    _, cat, _ = _collect(criteo(tsv_file, 200))
     assert cat.min() >= 0 and cat.max() < FULL_SPACE
     assert cat.max() > 2**61  # uniform over [0, 2**62): 5200 keys all below 2**61 has p = 2**-5200
 
 
-def _write_with_bad_lines(tmp_path):
+def _write_with_bad_lines(tmp_path, tsv_file):
     """10 good sample lines with 3 bad ones put at file lines 3, 8 and 13."""
-    good = _lines()[:10]
+    good = _lines(tsv_file)[:10]
     short = "\t".join(good[0].split("\t")[:39])  # 39 fields
     not_int = good[1].split("\t")
     not_int[3] = "abc"  # I3
@@ -158,8 +225,8 @@ def _write_with_bad_lines(tmp_path):
     return str(path), good
 
 
-def test_malformed_lines_are_skipped_counted_and_warned(tmp_path):
-    path, good = _write_with_bad_lines(tmp_path)
+def test_malformed_lines_are_skipped_counted_and_warned(tmp_path, tsv_file):
+    path, good = _write_with_bad_lines(tmp_path, tsv_file)
     stats = CriteoStats()
     with pytest.warns(CriteoMalformedLineWarning) as record:
         _, _, label = _collect(criteo(path, 4, stats=stats))
@@ -173,8 +240,8 @@ def test_malformed_lines_are_skipped_counted_and_warned(tmp_path):
     ]
 
 
-def test_csv_rejects_nan_dense_values(tmp_path):
-    lines = _lines(CSV)
+def test_csv_rejects_nan_dense_values(tmp_path, csv_file):
+    lines = _lines(csv_file)
     fields = lines[1].split(",")
     fields[5] = "nan"  # I5
     path = tmp_path / "nan.csv"
@@ -185,10 +252,10 @@ def test_csv_rejects_nan_dense_values(tmp_path):
     assert (len(label), stats.malformed) == (1, 1)
 
 
-def test_warnings_are_capped_per_file(tmp_path):
+def test_warnings_are_capped_per_file(tmp_path, tsv_file):
     cap = criteo_module.MAX_WARNINGS_PER_FILE
     path = tmp_path / "junk.tsv"
-    path.write_text("".join(f"junk {i}\n" for i in range(cap + 5)) + _lines()[0] + "\n")
+    path.write_text("".join(f"junk {i}\n" for i in range(cap + 5)) + _lines(tsv_file)[0] + "\n")
     stats = CriteoStats()
     with pytest.warns(CriteoMalformedLineWarning) as record:
         _, _, label = _collect(criteo(str(path), 8, stats=stats))
@@ -199,18 +266,18 @@ def test_warnings_are_capped_per_file(tmp_path):
     assert (len(label), stats.malformed) == (1, cap + 5)
 
 
-def test_malformed_line_warning_can_be_made_fatal(tmp_path):
-    path, _ = _write_with_bad_lines(tmp_path)
+def test_malformed_line_warning_can_be_made_fatal(tmp_path, tsv_file):
+    path, _ = _write_with_bad_lines(tmp_path, tsv_file)
     with warnings.catch_warnings():
         warnings.simplefilter("error", CriteoMalformedLineWarning)
         with pytest.raises(tf.errors.UnknownError, match=r"bad\.tsv:3: skipped malformed line"):
             _collect(criteo(path, 4))
 
 
-def test_line_sharding_by_input_context_splits_rows():
+def test_line_sharding_by_input_context_splits_rows(tsv_file):
     # One file, two pipelines: data line k goes to pipeline k % 2.
-    dense, cat, label = _collect(criteo(TSV, 64))
-    fn = criteo_dataset_fn(TSV, 64)
+    dense, cat, label = _collect(criteo(tsv_file, 64))
+    fn = criteo_dataset_fn(tsv_file, 64)
     parts = [_collect(fn(tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i))) for i in (0, 1)]
     for i, (d, c, lab) in enumerate(parts):
         assert len(lab) == SAMPLE_ROWS // 2
@@ -222,20 +289,20 @@ def test_line_sharding_by_input_context_splits_rows():
     assert len(np.unique(union, axis=0)) == len(np.unique(cat, axis=0))
 
 
-def test_file_sharding_when_there_are_enough_files():
+def test_file_sharding_when_there_are_enough_files(tsv_file, csv_file):
     contexts = [tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i) for i in (0, 1)]
-    readers = [CriteoReader([TSV, CSV], 64, input_context=ctx) for ctx in contexts]
-    assert [r.files for r in readers] == [(TSV,), (CSV,)]
+    readers = [CriteoReader([tsv_file, csv_file], 64, input_context=ctx) for ctx in contexts]
+    assert [r.files for r in readers] == [(tsv_file,), (csv_file,)]
     assert [r.line_shard for r in readers] == [(1, 0), (1, 0)]
     assert sum(len(_collect(r.dataset())[2]) for r in readers) == 2 * SAMPLE_ROWS
 
 
-def test_reader_streams_the_file(tmp_path, monkeypatch):
-    # 100k lines (500 copies of the 48.6 kB sample, 24 MB); the first batch of 32
+def test_reader_streams_the_file(tmp_path, monkeypatch, tsv_file):
+    # 100k lines (500 copies of the 48.5 kB sample, 24 MB); the first batch of 32
     # rows must not make the reader go through the file: allow 2 % of it (~2000
     # rows, room for read-ahead and prefetch; measured: 16 kB, 64 rows).
     path = tmp_path / "big.tsv"
-    path.write_bytes(pathlib.Path(TSV).read_bytes() * 500)
+    path.write_bytes(pathlib.Path(tsv_file).read_bytes() * 500)
     size = path.stat().st_size
     opened = []
     real_open = criteo_module._open
@@ -259,17 +326,17 @@ def test_reader_streams_the_file(tmp_path, monkeypatch):
     del iterator
 
 
-def test_num_epochs_repeat_and_shuffle():
+def test_num_epochs_repeat_and_shuffle(tsv_file):
     rows = lambda ds: int(sum(lab.shape[0] for _, lab in ds))  # noqa: E731
     # 2 epochs x 200 rows at batch 64: 400 = 6 x 64 + 16; batches span the epoch boundary.
-    assert [int(lab.shape[0]) for _, lab in criteo(TSV, 64, num_epochs=2)] == [64] * 6 + [16]
-    assert rows(criteo(TSV, 64, drop_remainder=True)) == 192  # 3 x 64, the 8-row tail dropped
-    assert rows(criteo(TSV, 64, repeat=True).take(10)) == 640  # past one epoch
-    _, plain, _ = _collect(criteo(TSV, 64))
-    _, shuffled, _ = _collect(criteo(TSV, 64, shuffle_buffer=200, seed=1))
+    assert [int(lab.shape[0]) for _, lab in criteo(tsv_file, 64, num_epochs=2)] == [64] * 6 + [16]
+    assert rows(criteo(tsv_file, 64, drop_remainder=True)) == 192  # 3 x 64, the 8-row tail dropped
+    assert rows(criteo(tsv_file, 64, repeat=True).take(10)) == 640  # past one epoch
+    _, plain, _ = _collect(criteo(tsv_file, 64))
+    _, shuffled, _ = _collect(criteo(tsv_file, 64, shuffle_buffer=200, seed=1))
     assert not np.array_equal(plain, shuffled)  # 200! orders; the identity has p = 1/200!
     np.testing.assert_array_equal(np.unique(plain, axis=0), np.unique(shuffled, axis=0))
-    static = criteo(TSV, 64, drop_remainder=True).element_spec
+    static = criteo(tsv_file, 64, drop_remainder=True).element_spec
     assert static[0]["cat"].shape.as_list() == [64, 26] and static[1].shape.as_list() == [64]
 
 
@@ -288,13 +355,15 @@ def _bad_context():
         ({"paths": "/nonexistent/day_0"}, FileNotFoundError, r"'/nonexistent/day_0' does not exist\. Fix:"),
         ({"paths": "/nonexistent/day_*"}, FileNotFoundError, r"No Criteo file matches the pattern"),
         ({"paths": []}, ValueError, r"at least one file"),
-        ({"paths": CSV, "format": "tsv"}, ValueError, r"format='tsv' but the file starts with a CSV header.*Fix: pass format='csv'"),
+        ({"paths": "{csv}", "format": "tsv"}, ValueError, r"format='tsv' but the file starts with a CSV header.*Fix: pass format='csv'"),
         ({"input_context": "bad"}, ValueError, r"input_pipeline_id must be in \[0, 2\)"),
     ],
 )
-def test_invalid_arguments_are_refused_at_construction(kwargs, error, match):
+def test_invalid_arguments_are_refused_at_construction(kwargs, error, match, tsv_file, csv_file):
     kwargs = dict(kwargs)
-    paths = kwargs.pop("paths", TSV)
+    paths = kwargs.pop("paths", "{tsv}")
+    if isinstance(paths, str):
+        paths = paths.format(tsv=tsv_file, csv=csv_file)
     batch_size = kwargs.pop("batch_size", 8)
     if kwargs.get("input_context") == "bad":
         kwargs["input_context"] = _bad_context()
@@ -302,8 +371,8 @@ def test_invalid_arguments_are_refused_at_construction(kwargs, error, match):
         CriteoReader(paths, batch_size, **kwargs)
 
 
-def test_csv_with_another_header_is_refused(tmp_path):
-    lines = _lines(CSV)
+def test_csv_with_another_header_is_refused(tmp_path, csv_file):
+    lines = _lines(csv_file)
     path = tmp_path / "swapped.csv"
     path.write_text("\n".join([lines[0].replace("I1,I2", "I2,I1")] + lines[1:3]) + "\n")
     with pytest.raises(ValueError, match=r"the CSV header must be 'label,I1,I2,.*received 'label,I2,I1,"):
@@ -325,15 +394,16 @@ def _op_types(ds) -> set:
 
 
 @pytest.mark.parametrize(
-    "paths, pipeline, kwargs",
+    "layouts, pipeline, kwargs",
     [
-        (TSV, None, {}),
-        (CSV, None, {"vocab_size": 1000}),
-        ([TSV, CSV], (3, 1), {}),  # line sharding across two files of both layouts
-        (TSV, (2, 0), {"num_epochs": 2, "drop_remainder": True, "dense_missing_value": -1.0}),
+        (["tsv"], None, {}),
+        (["csv"], None, {"vocab_size": 1000}),
+        (["tsv", "csv"], (3, 1), {}),  # line sharding across two files of both layouts
+        (["tsv"], (2, 0), {"num_epochs": 2, "drop_remainder": True, "dense_missing_value": -1.0}),
     ],
 )
-def test_graph_dataset_gives_the_batches_of_the_python_reader(paths, pipeline, kwargs):
+def test_graph_dataset_gives_the_batches_of_the_python_reader(layouts, pipeline, kwargs, criteo_sample):
+    paths = [criteo_sample[layout].path for layout in layouts]
     ctx = None if pipeline is None else tf.distribute.InputContext(*pipeline)
     reader = CriteoReader(paths, 37, input_context=ctx, **kwargs)
     expected, got = _collect(reader.dataset()), _collect(reader.graph_dataset())
@@ -342,9 +412,9 @@ def test_graph_dataset_gives_the_batches_of_the_python_reader(paths, pipeline, k
         np.testing.assert_array_equal(have, want)
 
 
-def test_graph_dataset_skips_the_malformed_lines_the_python_reader_skips(tmp_path):
-    path, good = _write_with_bad_lines(tmp_path)
-    lines = _lines(CSV)
+def test_graph_dataset_skips_the_malformed_lines_the_python_reader_skips(tmp_path, tsv_file, csv_file):
+    path, good = _write_with_bad_lines(tmp_path, tsv_file)
+    lines = _lines(csv_file)
     nan_row = lines[1].split(",")
     nan_row[5] = "nan"  # I5: refused in the CSV layout
     quoted = ",".join(f'"{v}"' for v in lines[2].split(","))  # fully quoted: kept, unquoted
@@ -361,18 +431,153 @@ def test_graph_dataset_skips_the_malformed_lines_the_python_reader_skips(tmp_pat
     assert len(_collect(CriteoReader(str(csv_path), 4).graph_dataset())[2]) == 2
 
 
-def test_criteo_dataset_fn_runs_no_python_on_the_workers():
+def test_criteo_dataset_fn_runs_no_python_on_the_workers(tsv_file):
     # A from_generator (py_func) dataset on a ParameterServerStrategy worker calls
     # back into the coordinator; deleting its iterator after fit deadlocked the
     # coordinator's next eager op (examples/criteo_ps.py hung 3 runs in 5).
-    assert _op_types(CriteoReader(TSV, 8).dataset()) & _PY_FUNC_OPS  # the check can see one
-    fn = criteo_dataset_fn(TSV, 8, repeat=True, shuffle_buffer=100, seed=0)
+    assert _op_types(CriteoReader(tsv_file, 8).dataset()) & _PY_FUNC_OPS  # the check can see one
+    fn = criteo_dataset_fn(tsv_file, 8, repeat=True, shuffle_buffer=100, seed=0)
     ds = fn(tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0))
     types = _op_types(ds)
     assert "TextLineDataset" in types
     assert not types & _PY_FUNC_OPS, types & _PY_FUNC_OPS
 
 
-def test_criteo_dataset_fn_refuses_stats():
+def test_criteo_dataset_fn_refuses_stats(tsv_file):
     with pytest.raises(ValueError, match=r"`stats`.*Fix: drop `stats`"):
-        criteo_dataset_fn(TSV, 8, stats=CriteoStats())
+        criteo_dataset_fn(tsv_file, 8, stats=CriteoStats())
+
+
+# --- write_criteo_sample: the generated files the tests above read ---
+
+
+def test_generator_public_api_is_pinned():
+    assert generator_module.__all__ == ["CriteoSample", "write_criteo_sample"]
+    assert set(generator_module.__all__) <= set(tf_psx.data.__all__)
+    assert str(inspect.signature(write_criteo_sample)) == (
+        "(path: 'PathLike', rows: 'int' = 200, *, layout: 'Layout' = 'tsv', seed: 'int' = 0, "
+        "malformed: 'int' = 0) -> 'CriteoSample'"
+    )
+    assert generator_module.LAYOUTS == criteo_module.FORMATS[1:] == ("tsv", "csv")
+    assert generator_module.MALFORMED_KINDS == ("field_count", "label", "dense_text", "dense_nan")
+
+
+def _bad_line_numbers(path, layout):
+    """1-based numbers of the lines a plain-Python check finds malformed (the reader's rules)."""
+    to_number = int if layout == "tsv" else float
+    first = 2 if layout == "csv" else 1
+    bad = []
+    for lineno, line in enumerate(_lines(path)[first - 1 :], start=first):
+        fields = line.split("\t" if layout == "tsv" else ",")
+        try:
+            ok = len(fields) == 40 and fields[0] in ("0", "1")
+            ok = ok and all(v == "" or math.isfinite(to_number(v)) for v in fields[1:14])
+        except ValueError:
+            ok = False
+        if not ok:
+            bad.append(lineno)
+    return bad
+
+
+@pytest.mark.parametrize("layout", ["tsv", "csv"])
+def test_generated_malformed_lines_are_skipped_and_counted_exactly(tmp_path, criteo_sample, layout):
+    # 9 bad lines: the 4 kinds in turn ("field_count" 3 times, the others twice);
+    # fewer than MAX_WARNINGS_PER_FILE, so every one is warned about.
+    injected = 9
+    assert injected < criteo_module.MAX_WARNINGS_PER_FILE
+    path = str(tmp_path / f"bad.{layout}")
+    sample = write_criteo_sample(path, SAMPLE_ROWS, layout=layout, seed=CRITEO_SEED, malformed=injected)
+    assert Counter(sample.malformed_kinds) == {"field_count": 3, "label": 2, "dense_text": 2, "dense_nan": 2}
+    assert len(_lines(path)) == SAMPLE_ROWS + injected + (layout == "csv")
+    # An independent check finds exactly the injected lines malformed.
+    assert _bad_line_numbers(path, layout) == list(sample.malformed_lines)
+    assert _bad_line_numbers(criteo_sample[layout].path, layout) == []
+
+    stats = CriteoStats()
+    with pytest.warns(CriteoMalformedLineWarning) as record:
+        got = _collect(criteo(path, 64, stats=stats))
+    assert (stats.rows, stats.malformed, stats.malformed_by_file) == (SAMPLE_ROWS, injected, {path: injected})
+    # Warned at the lines the generator reports, for the reason of each kind.
+    number = "an integer" if layout == "tsv" else "a finite number"
+    reasons = {
+        "field_count": rf"expected 40 {layout.upper()} fields, found 39",
+        "label": r"label must be 0 or 1; received '2'",
+        "dense_text": rf"I\d+ must be {number} or empty; received 'abc'",
+        "dense_nan": rf"I\d+ must be {number} or empty; received 'nan'",
+    }
+    messages = [str(w.message) for w in record]
+    assert len(messages) == injected
+    for message, lineno, kind in zip(messages, sample.malformed_lines, sample.malformed_kinds):
+        prefix = re.escape(f"{path}:{lineno}: skipped malformed line: ")
+        assert re.fullmatch(prefix + reasons[kind], message), (kind, message)
+    # The well-formed rows are those of the clean file (the same seed), in order,
+    # and graph_dataset skips the same lines.
+    clean = _collect(criteo(criteo_sample[layout].path, 64))
+    graph = _collect(CriteoReader(path, 64).graph_dataset())
+    for want, have, from_graph in zip(clean, got, graph):
+        np.testing.assert_array_equal(have, want)
+        np.testing.assert_array_equal(from_graph, want)
+
+
+def test_generator_is_deterministic_and_bad_lines_leave_the_rows_alone(tmp_path):
+    paths = [tmp_path / name for name in ("a.tsv", "b.tsv", "c.tsv", "d.tsv")]
+    write_criteo_sample(paths[0], 50, seed=3)
+    write_criteo_sample(paths[1], 50, seed=3)
+    write_criteo_sample(paths[2], 50, seed=4)
+    with_bad = write_criteo_sample(paths[3], 50, seed=3, malformed=5)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    assert paths[0].read_bytes() != paths[2].read_bytes()
+    lines = _lines(paths[3])
+    kept = [line for n, line in enumerate(lines, start=1) if n not in with_bad.malformed_lines]
+    assert kept == _lines(paths[0])
+
+
+def test_generated_gzip_file_reads_like_the_plain_one(tmp_path, tsv_file, criteo_sample):
+    path = tmp_path / "day_0.tsv.gz"
+    write_criteo_sample(path, SAMPLE_ROWS, seed=CRITEO_SEED)
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        assert f.read() == pathlib.Path(tsv_file).read_text(encoding="utf-8")
+    for want, have in zip(_collect(criteo(tsv_file, 64)), _collect(criteo(str(path), 64))):
+        np.testing.assert_array_equal(have, want)
+
+
+# A planted-model check: logistic regression on the 13 dense values, fit by
+# Newton's method (converged in well under 20 steps on these 14 weights).
+_NEWTON_STEPS = 20
+
+
+def test_a_model_trained_on_generated_rows_beats_chance(tmp_path):
+    sample = write_criteo_sample(tmp_path / "train.tsv", 6000, seed=1)
+    dense, _, label = _collect(criteo(sample.path, 6000))
+    x = np.hstack([dense, np.ones((len(label), 1))]).astype(np.float64)
+    y = label.astype(np.float64)
+    train, holdout = slice(0, 4000), slice(4000, None)
+    w = np.zeros(x.shape[1])
+    for _ in range(_NEWTON_STEPS):
+        p = 1.0 / (1.0 + np.exp(-x[train] @ w))
+        hessian = (x[train] * (p * (1 - p))[:, None]).T @ x[train]
+        w -= np.linalg.solve(hessian + 1e-6 * np.eye(len(w)), x[train].T @ (p - y[train]))
+    auc = roc_auc(y[holdout], x[holdout] @ w)
+    bayes = roc_auc(y[holdout], sample.probs[holdout])
+    # Above chance (labels independent of the features give 0.5 +- 0.013 on 2000
+    # rows), and not above the planted probabilities' AUC: the dense part only.
+    assert 0.6 < auc < bayes, (auc, bayes)
+    assert 0.7 < sample.bayes_auc < 0.9
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"rows": 0}, r"Argument `rows` must be an int >= 1\. Received: 0\. Fix: pass the number"),
+        ({"rows": True}, r"Argument `rows` must be an int >= 1\. Received: True\."),
+        ({"layout": "kaggle"}, r"Argument `layout` must be one of \('tsv', 'csv'\)\. Received: 'kaggle'\. Fix: pass 'tsv'"),
+        ({"seed": -1}, r"Argument `seed` must be an int >= 0\. Received: -1\. Fix:"),
+        ({"malformed": -2}, r"Argument `malformed` must be an int >= 0\. Received: -2\. Fix: pass 0 for a clean file"),
+        ({"malformed": 1.5}, r"Argument `malformed` must be an int >= 0\. Received: 1\.5\."),
+    ],
+)
+def test_write_criteo_sample_refuses_bad_arguments(tmp_path, kwargs, match):
+    path = tmp_path / "never.tsv"
+    with pytest.raises(ValueError, match=match):
+        write_criteo_sample(path, **kwargs)
+    assert not path.exists()  # checked before anything is written

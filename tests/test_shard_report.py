@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import numpy as np
 import pytest
 
+from conftest import CRITEO_ROWS
 from tf_psx import cli
+from tf_psx.data import criteo_keys
 from tf_psx.partitioners import shard_load
-
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-TSV = os.path.join(DATA, "criteo_kaggle_sample.tsv")
-CSV = os.path.join(DATA, "criteo_sample.txt")
 
 
 def _zipf_ids(num_rows: int, count: int, seed: int = 0) -> np.ndarray:
@@ -56,15 +53,22 @@ def test_text_table_and_uniform_ids_keep_the_default(run, tmp_path):
     assert "recommendation: the default contiguous placement is balanced" in out
 
 
-def test_criteo_column_is_the_same_in_both_layouts(run):
+def test_criteo_column_is_the_same_in_both_layouts(run, criteo_sample):
     reports = []
-    for path in (TSV, CSV):
+    for layout in ("tsv", "csv"):
+        path = criteo_sample[layout].path
         status, out, _ = run("shard-report", path, "--column", "C3", "--rows", "1000", "--shards", "4", "--json")
         assert status == 0
         reports.append(json.loads(out))
-    # The two sample files hold the same 200 rows, so the hashed keys agree.
+    # The two generated files hold the same 200 rows, so the hashed keys agree.
     assert reports[0]["placements"] == reports[1]["placements"]
-    assert sum(reports[0]["placements"]["div"]["lookups"]) == 200
+    assert sum(reports[0]["placements"]["div"]["lookups"]) == reports[0]["ids"] == CRITEO_ROWS
+    # And they are the keys of the generated C3 values (column index 2), placement by placement.
+    keys = criteo_keys(criteo_sample["tsv"].cat.astype(str), vocab_size=1000).numpy()[:, 2]
+    for placement in ("div", "mod"):
+        direct = shard_load(keys, 1000, 4, placement=placement, batch_size=cli.DEFAULT_REPORT_BATCH)
+        assert reports[0]["placements"][placement]["lookups"] == direct.lookups.tolist()
+        assert reports[0]["placements"][placement]["imbalance"] == pytest.approx(direct.imbalance)
 
 
 @pytest.mark.parametrize(
@@ -76,13 +80,13 @@ def test_criteo_column_is_the_same_in_both_layouts(run):
         (["{bad}", "--shards", "2"], r'line 2 must be one integer id; received \'x7\''),
         (["{neg}", "--shards", "2"], r"negative id -3"),
         (["{floats}", "--shards", "2"], r"must hold integer ids; received dtype float64"),
-        ([TSV, "--shards", "2", "--column", "C27", "--rows", "9"], r'`--column` must be one of C1..C26. Received: "C27"'),
-        ([TSV, "--shards", "2", "--column", "C2"], r"`--rows` is required with --column"),
+        (["{tsv}", "--shards", "2", "--column", "C27", "--rows", "9"], r'`--column` must be one of C1..C26. Received: "C27"'),
+        (["{tsv}", "--shards", "2", "--column", "C2"], r"`--rows` is required with --column"),
     ],
 )
-def test_bad_input_names_the_option_and_the_fix(run, tmp_path, argv, message):
+def test_bad_input_names_the_option_and_the_fix(run, tmp_path, criteo_sample, argv, message):
     files = {"text": "1\n7\n", "bad": "1\nx7\n", "neg": "1\n-3\n"}
-    paths = {}
+    paths = {"tsv": criteo_sample["tsv"].path}
     for name, body in files.items():
         paths[name] = tmp_path / f"{name}.txt"
         paths[name].write_text(body)

@@ -277,16 +277,19 @@ class CriteoReader:
 
     Example:
 
-    >>> import os, tf_psx
-    >>> data = os.path.join(os.path.dirname(tf_psx.__file__), "..", "..", "shared", "data")
-    >>> reader = CriteoReader(os.path.join(data, "criteo_kaggle_sample.tsv"), batch_size=64)
+    >>> import os, tempfile
+    >>> from tf_psx.data import write_criteo_sample
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> sample = write_criteo_sample(os.path.join(tmp.name, "day_0.tsv"), 200, seed=0)
+    >>> reader = CriteoReader(sample.path, batch_size=64)
     >>> features, label = next(iter(reader.dataset()))
     >>> features["dense"].shape, features["cat"].dtype.name, label.shape
     (TensorShape([64, 13]), 'int64', TensorShape([64]))
-    >>> label[:8].numpy().tolist()
-    [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    >>> label.numpy().tolist() == sample.labels[:64].tolist()  # in file order
+    True
     >>> sum(int(lab.shape[0]) for _, lab in reader.dataset()), reader.stats.malformed
     (200, 0)
+    >>> tmp.cleanup()
 
     Known limitations:
 
@@ -431,11 +434,18 @@ class CriteoReader:
 
         Example:
 
-        >>> import os, tf_psx
-        >>> data = os.path.join(os.path.dirname(tf_psx.__file__), "..", "..", "shared", "data")
-        >>> reader = CriteoReader(os.path.join(data, "criteo_kaggle_sample.tsv"), batch_size=64)
-        >>> sum(int(label.shape[0]) for _, label in reader.graph_dataset())
-        200
+        >>> import os, tempfile
+        >>> from tf_psx.data import write_criteo_sample
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> path = os.path.join(tmp.name, "day_0.tsv")
+        >>> sample = write_criteo_sample(path, 200, seed=0, malformed=3)
+        >>> reader = CriteoReader(path, batch_size=64)
+        >>> labels = [float(x) for _, label in reader.graph_dataset() for x in label]
+        >>> len(labels), labels == sample.labels.tolist()  # the 3 bad lines skipped
+        (200, True)
+        >>> reader.stats.malformed  # not counted by graph_dataset
+        0
+        >>> tmp.cleanup()
         """
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -604,14 +614,18 @@ def criteo(paths: PathLike | Sequence[PathLike], batch_size: int, **kwargs):
 
     Example:
 
-    >>> import os, tf_psx
-    >>> data = os.path.join(os.path.dirname(tf_psx.__file__), "..", "..", "shared", "data")
+    >>> import os, tempfile
+    >>> from tf_psx.data import write_criteo_sample
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> path = os.path.join(tmp.name, "day_0.csv")
+    >>> _ = write_criteo_sample(path, 200, layout="csv", seed=0)
     >>> stats = CriteoStats()
-    >>> ds = criteo(os.path.join(data, "criteo_sample.txt"), 128, vocab_size=1000, stats=stats)
+    >>> ds = criteo(path, 128, vocab_size=1000, stats=stats)
     >>> [int(label.shape[0]) for _, label in ds]
     [128, 72]
     >>> stats.rows, stats.malformed
     (200, 0)
+    >>> tmp.cleanup()
 
     Args:
       paths: files or glob patterns (see `CriteoReader`).
@@ -635,12 +649,16 @@ def criteo_dataset_fn(paths: PathLike | Sequence[PathLike], batch_size: int, **k
 
     Example:
 
-    >>> import os, tf_psx, tensorflow as tf
-    >>> data = os.path.join(os.path.dirname(tf_psx.__file__), "..", "..", "shared", "data")
-    >>> fn = criteo_dataset_fn(os.path.join(data, "criteo_kaggle_sample.tsv"), 50)
+    >>> import os, tempfile, tensorflow as tf
+    >>> from tf_psx.data import write_criteo_sample
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> sample = write_criteo_sample(os.path.join(tmp.name, "day_0.tsv"), 200, seed=0)
+    >>> fn = criteo_dataset_fn(sample.path, 50)
     >>> half = fn(tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1))
-    >>> sum(int(label.shape[0]) for _, label in half)
-    100
+    >>> labels = [float(x) for _, label in half for x in label]
+    >>> len(labels), labels == sample.labels[1::2].tolist()  # data lines 1, 3, 5, ...
+    (100, True)
+    >>> tmp.cleanup()
 
     Args:
       paths: files or glob patterns.
