@@ -136,7 +136,7 @@ def test_cluster_argument_forms(local_cluster):
     for cluster in (local_cluster.config, local_cluster.resolver):
         strategy = tf_psx.ParameterServerStrategy(cluster)
         assert strategy.extended._num_ps == 2  # pylint: disable=protected-access
-    with pytest.raises(TypeError, match="Argument `cluster` must be None"):
+    with pytest.raises(TypeError, match="Argument `cluster_resolver` must be None"):
         tf_psx.ParameterServerStrategy(cluster=42)
 
 

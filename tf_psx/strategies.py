@@ -10,13 +10,14 @@ cluster was connected.
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.distribute.coordinator import cluster_coordinator as _cc
 
-from tf_psx import _compat, partitioners as _partitioners
+from tf_psx import _compat, _exact_updates, partitioners as _partitioners
 from tf_psx.cluster import ClusterConfig, TFConfigError
 from tf_psx.local import LocalCluster
 
@@ -72,7 +73,7 @@ def _resolver_from(cluster: Any):
     if isinstance(cluster, resolvers.ClusterResolver):
         return cluster, None
     raise TypeError(
-        "Argument `cluster` must be None (read TF_CONFIG), a tf_psx.ClusterConfig, a "
+        "Argument `cluster_resolver` must be None (read TF_CONFIG), a tf_psx.ClusterConfig, a "
         f"tf_psx.LocalCluster or a tf.distribute.cluster_resolver.ClusterResolver. Received: {cluster!r}."
     )
 
@@ -93,15 +94,32 @@ def _check_resolver(resolver) -> None:
         )
 
 
+# Marks an alias keyword that was not given (None is a meaningful value).
+_UNSET = object()
+
+
+def _one_of(name: str, value: Any, alias: str, alias_value: Any) -> Any:
+    if alias_value is _UNSET:
+        return value
+    if value is not None:
+        raise TypeError(
+            f"Arguments `{name}` and `{alias}` name the same thing; pass one of them. "
+            f"Received: {name}={value!r}, {alias}={alias_value!r}."
+        )
+    return alias_value
+
+
 def _partitioner_from(partitioner: Any, num_ps: int):
     if partitioner is None or callable(partitioner) and not isinstance(partitioner, str):
         if isinstance(partitioner, _partitioners.PerPSPartitioner) and partitioner.num_ps is None:
-            partitioner.bind(num_ps)
+            # A bound copy: the caller's object stays unbound, so it can serve
+            # the next strategy (a notebook cell rerun with another ps count).
+            return copy.copy(partitioner).bind(num_ps)
         return partitioner
     if isinstance(partitioner, str):
         return _partitioners.from_spec(partitioner, num_ps=num_ps)
     raise TypeError(
-        "Argument `partitioner` must be None, a partitioner object or a spec string such as "
+        "Argument `variable_partitioner` must be None, a partitioner object or a spec string such as "
         f"{', '.join(_partitioners.SPEC_FORMS)}. Received: {partitioner!r}."
     )
 
@@ -119,32 +137,57 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
     ...     model.compile("adagrad", "mse", steps_per_execution=8)
 
     Args:
-      cluster: None (read `TF_CONFIG`), a TF_CONFIG dict or JSON string, a `tf_psx.ClusterConfig`, a
-        `tf_psx.LocalCluster` (started if needed) or a TF `ClusterResolver`.
-      partitioner: None (no sharding), a partitioner object, or a spec string
-        (`tf_psx.partitioners.SPEC_FORMS`, e.g. "fixed:4", "min_size:256k").
-      **tf_kwargs: passed to TF's constructor.
+      cluster_resolver: where the cluster is. As in TF, a
+        `tf.distribute.cluster_resolver.ClusterResolver`; also None (read
+        `TF_CONFIG`), a TF_CONFIG dict or JSON string, a `tf_psx.ClusterConfig`
+        or a `tf_psx.LocalCluster` (started if needed). `cluster=` is an alias.
+      variable_partitioner: as in TF, None (no sharding) or a partitioner
+        callable; also a spec string (`tf_psx.partitioners.SPEC_FORMS`, e.g.
+        "fixed:4", "min_size:256k"). `partitioner=` is an alias.
+      exact_updates: apply each variable's optimizer update as one unit, so
+        that several async workers never lose or double an update (see
+        `tf_psx._exact_updates`). True by default; False gives TF's own
+        update path.
 
     Raises:
       TFConfigError: the cluster has no worker or no ps, or TF_CONFIG is bad.
       ValueError: a malformed partitioner spec.
+      TypeError: an argument given twice (`cluster_resolver` and `cluster`,
+        or `variable_partitioner` and `partitioner`).
 
     Known limitations:
       * Needs tf-keras (Keras 2) for `model.fit`; Keras 3 models get a
         `Keras3Error` that names the fix.
       * Resources made before the strategy connects to the cluster live on
         `/job:localhost` and cannot be used on it (`LocalResourcesError`).
+      * With `exact_updates`, two updates of the same variable shard wait on
+        each other (a lock on its ps task); updates of different shards do not.
     """
 
-    def __init__(self, cluster: Any = None, partitioner: Any = None, **tf_kwargs):
-        resolver, config = _resolver_from(cluster)
+    def __init__(
+        self,
+        cluster_resolver: Any = None,
+        variable_partitioner: Any = None,
+        *,
+        cluster: Any = _UNSET,
+        partitioner: Any = _UNSET,
+        exact_updates: bool = True,
+    ):
+        cluster_resolver = _one_of("cluster_resolver", cluster_resolver, "cluster", cluster)
+        variable_partitioner = _one_of("variable_partitioner", variable_partitioner, "partitioner", partitioner)
+        if not isinstance(exact_updates, bool):
+            raise TypeError(f"Argument `exact_updates` must be True or False. Received: {exact_updates!r}.")
+        resolver, config = _resolver_from(cluster_resolver)
         _check_resolver(resolver)
         self.cluster_config = config
         num_ps = len(resolver.cluster_spec().as_dict()["ps"])
-        variable_partitioner = _partitioner_from(partitioner, num_ps)
+        variable_partitioner = _partitioner_from(variable_partitioner, num_ps)
         _check_no_local_tables()
         _compat.set_grpc_fail_fast()
-        super().__init__(resolver, variable_partitioner=variable_partitioner, **tf_kwargs)
+        super().__init__(resolver, variable_partitioner=variable_partitioner)
+        self.exact_updates = exact_updates
+        if exact_updates:
+            _exact_updates.install()
 
     @property
     def coordinator(self) -> tf.distribute.experimental.coordinator.ClusterCoordinator:

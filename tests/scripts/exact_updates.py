@@ -1,0 +1,162 @@
+"""Closed-form check of embedding updates under several async workers.
+
+The model's loss is the mean over the batch of the sum of the looked-up rows,
+so the gradient of row r is the constant g_r = count_r / batch (every dim),
+whatever the weights. Every batch holds the same keys, so the workers collide
+on purpose. After the run the optimizer has applied S = `iterations` steps,
+and the table must equal S sequential applications of that same constant
+gradient by a fresh optimizer of the same configuration on a local variable
+(SGD: -lr * S * g; Adagrad: -sum_t lr * g / sqrt(a0 + t g^2 + eps); Adam:
+-sum_t lr * g * c_t / (|g| c_t + eps), c_t = sqrt(1 - beta2^t); momentum
+SGD: its geometric sum). Lost updates give a share below 1, updates applied
+twice or raced slots give a share above 1.
+
+Prints one line `RESULT {json}` with the share of the true move applied, the
+largest row error relative to the largest move, the applied step count, the
+keys in a hash table and the seconds taken.
+
+Usage: exact_updates.py --layer sharded|stock|dynamic --optimizer NAME
+       [--workers 2] [--processes] [--steps 40] [--spe 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+import tf_psx  # noqa: F401  (routes tf.keras to tf-keras)
+import tensorflow as tf
+
+VOCAB = 1000
+DIM = 4
+NUM_KEYS = 200
+BATCH = 16
+# Key i appears 1 + (i % 3) times in every batch: rows get different gradients.
+MULTIPLICITY = 3
+OPTIMIZERS = ("sgd", "sgd_momentum", "adagrad", "adam", "lazyadam", "psx_sgd", "psx_sgd_momentum")
+LAYERS = ("sharded", "stock", "dynamic")
+
+
+def make_optimizer(name: str):
+    keras = tf.keras.optimizers
+    return {
+        "sgd": lambda: keras.SGD(0.1),
+        "sgd_momentum": lambda: keras.SGD(0.05, momentum=0.9),
+        "adagrad": lambda: keras.Adagrad(0.1),
+        "adam": lambda: keras.Adam(0.01),
+        "lazyadam": lambda: tf_psx.optimizers.LazyAdam(0.01),
+        "psx_sgd": lambda: tf_psx.optimizers.SGD(0.1),
+        "psx_sgd_momentum": lambda: tf_psx.optimizers.SGD(0.05, momentum=0.9),
+    }[name]()
+
+
+def batch_ids() -> np.ndarray:
+    keys = (np.arange(NUM_KEYS, dtype=np.int64) * 37) % VOCAB
+    ids = np.concatenate([np.full(1 + i % MULTIPLICITY, k) for i, k in enumerate(keys)])
+    pad = (-len(ids)) % BATCH
+    ids = np.concatenate([ids, keys[:pad]])
+    return ids.reshape(BATCH, -1)
+
+
+def expected_table(name: str, ids: np.ndarray, steps: int) -> np.ndarray:
+    """`steps` sequential applications of the constant gradient, on a local variable."""
+    unique, counts = np.unique(ids, return_counts=True)
+    grad = tf.IndexedSlices(
+        tf.constant(np.repeat((counts / BATCH)[:, None], DIM, axis=1), tf.float32),
+        tf.constant(unique),
+        tf.constant([VOCAB, DIM], tf.int64),
+    )
+    with tf.device("/cpu:0"):
+        var = tf.Variable(tf.zeros([VOCAB, DIM]))
+        opt = make_optimizer(name)
+        for _ in range(steps):
+            opt.apply_gradients([(grad, var)])
+    return var.numpy()
+
+
+def build_model(layer: str):
+    inputs = tf.keras.Input((None,), dtype=tf.int64)
+    if layer == "sharded":
+        emb = tf_psx.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="zeros")
+    elif layer == "stock":
+        emb = tf.keras.layers.Embedding(VOCAB, DIM, embeddings_initializer="zeros")
+    else:
+        emb = tf_psx.layers.DynamicEmbedding(DIM, initializer="zeros")
+    rows = emb(inputs)
+    out = tf.keras.layers.Lambda(lambda r: tf.reduce_sum(r, axis=[1, 2]))(rows)
+    return tf.keras.Model(inputs, out), emb
+
+
+def table_of(layer: str, emb) -> tuple[np.ndarray, int]:
+    ids = tf.range(VOCAB, dtype=tf.int64)
+    if layer == "sharded":
+        return emb.lookup_table(), VOCAB
+    if layer == "stock":
+        return tf.nn.embedding_lookup(emb.embeddings, ids).numpy(), VOCAB
+    keys, values = (t.numpy() for t in emb.table.export())
+    table = np.zeros([VOCAB, DIM], np.float32)
+    table[keys] = values
+    return table, len(keys)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layer", choices=LAYERS, nargs="+", required=True)
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, nargs="+", required=True)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--ps", type=int, default=2)
+    parser.add_argument("--processes", action="store_true")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--spe", type=int, default=1)
+    parser.add_argument("--no-exact", action="store_true", help="TF's own update path (the baseline)")
+    args = parser.parse_args(argv)
+
+    ids = batch_ids()
+    with tf_psx.LocalCluster(num_workers=args.workers, num_ps=args.ps, processes=args.processes) as cluster:
+        strategy = tf_psx.ParameterServerStrategy(cluster, "fixed:2", exact_updates=not args.no_exact)
+        for layer in args.layer:
+            for optimizer in args.optimizer:
+                result = run_pair(strategy, layer, optimizer, ids, args)
+                print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dict:
+    """Trains one layer x optimizer pair on the cluster; returns its closed-form check."""
+    start = time.monotonic()
+    with strategy.scope():
+        model, emb = build_model(layer)
+        model.compile(make_optimizer(optimizer), loss=lambda y, p: p, steps_per_execution=args.spe)
+
+    def dataset_fn(_ctx):
+        labels = np.zeros([BATCH], np.float32)
+        return tf.data.Dataset.from_tensors((ids, labels)).repeat()
+
+    model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1,
+              steps_per_epoch=args.steps, verbose=0)
+    steps = int(model.optimizer.iterations.numpy())
+    actual, keys = table_of(layer, emb)
+    expected = expected_table(optimizer, ids, steps)
+    move = float(np.abs(expected).sum())
+    return {
+        "layer": layer,
+        "optimizer": optimizer,
+        "workers": args.workers,
+        "processes": args.processes,
+        "spe": args.spe,
+        "exact_updates": not args.no_exact,
+        "steps": steps,
+        "share": float(np.abs(actual).sum()) / move,
+        "max_row_error": float(np.abs(actual - expected).max() / np.abs(expected).max()),
+        "keys": keys,
+        "keys_trained": int(len(np.unique(ids))),
+        "seconds": round(time.monotonic() - start, 1),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
