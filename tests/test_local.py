@@ -51,11 +51,41 @@ def test_in_process_cluster_sets_grpc_fail_fast_and_reuses_servers(local_cluster
 
 
 def test_in_process_worker_threads_cover_the_workers():
+    from tf_psx.local import INPROCESS_INTER_OP_THREADS, MAX_INPROCESS_WORKERS
     from tf_psx.server import server_config
 
     for workers in (1, 2, 5):
         assert server_config("worker", workers).inter_op_parallelism_threads >= workers + 1
     assert server_config("ps", 3) is None
+    assert MAX_INPROCESS_WORKERS + 1 <= INPROCESS_INTER_OP_THREADS
+    with pytest.raises(ValueError, match=rf"`num_workers` must be <= {MAX_INPROCESS_WORKERS} for an in-process"):
+        tf_psx.LocalCluster(num_workers=MAX_INPROCESS_WORKERS + 1)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"log_dir": "/tmp/x"}, r"`log_dir` needs task processes.*Fix: pass processes=True"),
+    ({"start_timeout_s": 0}, r"`start_timeout_s` must be a number of seconds > 0\. Received: 0"),
+])
+def test_more_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tf_psx.LocalCluster(1, 1, **kwargs)
+
+
+def test_restart_before_start_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"restart\('worker', 0\) is not available before the cluster starts"):
+        tf_psx.LocalCluster(1, 1, processes=True).restart("worker", 0)
+
+
+@pytest.mark.parametrize("processes", [
+    pytest.param(False, id="in-process"),
+    pytest.param(True, id="processes", marks=pytest.mark.processes),
+])
+def test_clusters_of_other_shapes_one_after_another(processes):
+    args = ["--processes"] if processes else []
+    result = run_script("cluster_shapes.py", *args, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shapes = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith("SHAPE ")]
+    assert shapes == [["1", "1", "10"], ["3", "2", "10"], ["1", "1", "10"]]
 
 
 @pytest.mark.processes

@@ -203,3 +203,76 @@ def test_central_storage_two_cpus_equals_one_device():
 def test_central_storage_rejects_empty_devices():
     with pytest.raises(ValueError, match=r"`compute_devices` must be a non-empty list"):
         tf_psx.CentralStorageStrategy(compute_devices=[])
+
+
+def test_tf_signature_positional_and_keyword(local_cluster):
+    """Code written for TF's class runs with only the class swapped."""
+    resolver = local_cluster.resolver
+    tf_params = list(__import__("inspect").signature(tf.distribute.ParameterServerStrategy.__init__).parameters)
+    ours = list(__import__("inspect").signature(tf_psx.ParameterServerStrategy.__init__).parameters)
+    assert ours[: len(tf_params)] == tf_params  # ['self', 'cluster_resolver', 'variable_partitioner']
+    fixed = tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
+    for strategy in (
+        tf_psx.ParameterServerStrategy(resolver, variable_partitioner=None),
+        tf_psx.ParameterServerStrategy(cluster_resolver=resolver),
+        tf_psx.ParameterServerStrategy(resolver, None),
+        tf_psx.ParameterServerStrategy(cluster_resolver=resolver, variable_partitioner=fixed),
+        tf_psx.ParameterServerStrategy(resolver, "fixed:2"),
+    ):
+        with strategy.scope():
+            var = tf.Variable(tf.zeros([10, 2]))
+        sharded = isinstance(var, sharded_variable.ShardedVariable)
+        # TF's meaning of None: no partitioning.
+        assert sharded == (strategy.extended._variable_partitioner is not None)  # pylint: disable=protected-access
+    with pytest.raises(TypeError, match=r"`cluster_resolver` and `cluster` name the same thing"):
+        tf_psx.ParameterServerStrategy(resolver, cluster=resolver)
+    with pytest.raises(TypeError, match=r"`variable_partitioner` and `partitioner` name the same thing"):
+        tf_psx.ParameterServerStrategy(resolver, fixed, partitioner="fixed:2")
+    with pytest.raises(TypeError, match=r"`exact_updates` must be True or False\. Received: 'yes'"):
+        tf_psx.ParameterServerStrategy(resolver, exact_updates="yes")
+
+
+def test_tf_tutorial_code_with_the_class_swapped(local_cluster):
+    """The TF parameter-server tutorial's Keras path, with tf_psx's class."""
+    variable_partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+        min_shard_bytes=(256 << 10), max_shards=2
+    )
+    strategy = tf_psx.ParameterServerStrategy(local_cluster.resolver, variable_partitioner=variable_partitioner)
+
+    def dataset_fn(input_context):
+        global_batch_size = 64
+        batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+        x = tf.random.uniform((10, 10))
+        y = tf.random.uniform((10,))
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(10).repeat()
+        dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        return dataset.batch(batch_size).prefetch(2)
+
+    dc = tf.keras.utils.experimental.DatasetCreator(dataset_fn)
+    with strategy.scope():
+        model = tf.keras.models.Sequential([tf.keras.layers.Dense(10)])
+    model.compile(tf.keras.optimizers.legacy.SGD(), loss="mse", steps_per_execution=10)
+    history = model.fit(dc, epochs=2, steps_per_epoch=20, verbose=0)
+    assert len(history.history["loss"]) == 2
+    assert int(model.optimizer.iterations.numpy()) == 40
+
+
+def test_unreachable_cluster_raises_in_time():
+    from tf_psx.local import free_ports  # pylint: disable=import-outside-toplevel
+
+    worker, ps = free_ports(2)
+    config = tf_psx.ClusterConfig(workers=[f"127.0.0.1:{worker}"], ps=[f"127.0.0.1:{ps}"])
+    start = __import__("time").monotonic()
+    with pytest.raises(
+        tf_psx.ClusterUnreachableError,
+        match=rf"No connection to worker:0 at 127\.0\.0\.1:{worker}, ps:0 at 127\.0\.0\.1:{ps} within 1 s\. Fix:",
+    ):
+        tf_psx.ParameterServerStrategy(config, connect_timeout_s=1)
+    assert __import__("time").monotonic() - start < 10
+
+
+def test_per_ps_partitioner_is_not_bound_in_place(local_cluster):
+    partitioner = tf_psx.partitioners.PerPSPartitioner()
+    strategy = tf_psx.ParameterServerStrategy(local_cluster, partitioner)
+    assert partitioner.num_ps is None
+    assert strategy.extended._variable_partitioner.num_ps == 2  # pylint: disable=protected-access

@@ -23,6 +23,7 @@ _EXPORTS = {
     "CentralStorageStrategy": "tf_psx.strategies",
     "auto_strategy": "tf_psx.strategies",
     "LocalResourcesError": "tf_psx.strategies",
+    "ClusterUnreachableError": "tf_psx.strategies",
     "Keras3Error": "tf_psx._compat",
     "export_serving": "tf_psx.export",
 }

@@ -26,9 +26,10 @@ from tf_psx import _compat
 from tf_psx.cluster import ClusterConfig
 
 LOOPBACK = "127.0.0.1"
-# A task process imports TensorFlow (about 3 s on 2 cores) before it listens;
-# two minutes covers a machine loaded by a parallel test run.
-TASK_START_TIMEOUT_S = 120.0
+# A task process imports TensorFlow (about 3 s on 2 cores, 10 to 20 s on a
+# machine loaded by a parallel test run) before it listens; past this a
+# cluster that cannot come up raises instead of waiting on.
+TASK_START_TIMEOUT_S = 60.0
 # How often we look at a starting task's port.
 TASK_POLL_S = 0.1
 # SIGTERM first so the task can exit on its own; SIGKILL after this grace.
@@ -42,6 +43,16 @@ TASK_TYPES = ("worker", "ps")
 # LocalCluster of the same shape therefore reuses the running servers instead
 # of leaking another set of ports and threads.
 _INPROCESS_SERVERS: dict[tuple[int, int], tuple[ClusterConfig, list[Any]]] = {}
+# TF sizes one inter-op thread pool per process, from the options of the
+# first server that asks for it (process_util.cc ComputePool: a function-local
+# static), and every in-process server after it shares that pool. A worker
+# needs num_workers + 1 threads of it (DESIGN.md), so a first cluster of 1
+# worker (2 threads) made a later cluster of 3 workers hang in its first step.
+# In-process servers therefore always ask for this many, enough for any
+# in-process cluster up to MAX_INPROCESS_WORKERS workers; idle threads cost
+# only their stacks.
+INPROCESS_INTER_OP_THREADS = 64
+MAX_INPROCESS_WORKERS = INPROCESS_INTER_OP_THREADS - 1
 
 
 class TaskFailedError(RuntimeError):
@@ -116,7 +127,10 @@ class LocalCluster:
       processes: run each task as a `python -m tf_psx.server` child process
         (True) or as servers on threads of this process (False).
       log_dir: where process tasks write `<type>-<index>.log`; a fresh
-        temporary directory when None.
+        temporary directory when None. In-process servers write no task
+        logs (they log to this process), so `log_dir` needs `processes=True`.
+      start_timeout_s: how long to wait for every task to listen before
+        raising `TaskFailedError` (process tasks).
 
     Attributes:
       config: the `ClusterConfig` of the cluster (loopback addresses).
@@ -125,8 +139,12 @@ class LocalCluster:
     Known limitations:
       * In-process servers cannot be stopped (TF 2.16 has no clean shutdown
         of gRPC servers), so their ports stay open until the process exits.
-        A later in-process LocalCluster of the same shape reuses them. Use
-        `processes=True` when the ports must be released on exit.
+        A later in-process LocalCluster of the same shape reuses them; one
+        of another shape starts new servers (any number of clusters of any
+        shapes work one after another). Use `processes=True` when the ports
+        must be released on exit.
+      * In-process clusters share one TF thread pool, which caps them at
+        `MAX_INPROCESS_WORKERS` workers; more need `processes=True`.
       * Like every TF gRPC server, the tasks listen on all interfaces and
         accept any caller (docs/security.md).
       * Create the cluster (and the strategy) before building any model in
@@ -142,10 +160,27 @@ class LocalCluster:
         num_ps: int = 2,
         processes: bool = False,
         log_dir: str | None = None,
+        start_timeout_s: float = TASK_START_TIMEOUT_S,
     ):
         self.num_workers = _check_count("num_workers", num_workers, 1)
         self.num_ps = _check_count("num_ps", num_ps, 1)
         self.processes = bool(processes)
+        if not self.processes and self.num_workers > MAX_INPROCESS_WORKERS:
+            raise ValueError(
+                f"Argument `num_workers` must be <= {MAX_INPROCESS_WORKERS} for an in-process LocalCluster "
+                f"(its servers share one TF thread pool of {INPROCESS_INTER_OP_THREADS} threads). "
+                f"Received: {num_workers}. Fix: pass processes=True."
+            )
+        if not self.processes and log_dir is not None:
+            raise ValueError(
+                f"Argument `log_dir` needs task processes: in-process servers log to this process. "
+                f"Received: log_dir={log_dir!r} with processes=False. Fix: pass processes=True, or drop log_dir."
+            )
+        if isinstance(start_timeout_s, bool) or not isinstance(start_timeout_s, (int, float)) or start_timeout_s <= 0:
+            raise ValueError(
+                f"Argument `start_timeout_s` must be a number of seconds > 0. Received: {start_timeout_s!r}."
+            )
+        self.start_timeout_s = float(start_timeout_s)
         self._log_dir_arg = log_dir
         self.log_dir: str | None = None
         self.config: ClusterConfig | None = None
@@ -219,6 +254,7 @@ class LocalCluster:
         """Restarts a task process on its old port and waits until it listens."""
         key = self._key(task_type, index)
         self._require_processes("restart")
+        self._require_started(f"restart({task_type!r}, {index})")
         self._stop_task(key)
         self._spawn(key)
         self._wait_ready([key])
@@ -257,7 +293,7 @@ class LocalCluster:
                         spec,
                         job_name=task_type,
                         task_index=index,
-                        config=server_config(task_type, self.num_workers),
+                        config=server_config(task_type, self.num_workers, INPROCESS_INTER_OP_THREADS),
                         protocol="grpc",
                         start=True,
                     )
@@ -307,7 +343,7 @@ class LocalCluster:
         )
 
     def _wait_ready(self, keys: list[tuple[str, int]]) -> None:
-        deadline = time.monotonic() + TASK_START_TIMEOUT_S
+        deadline = time.monotonic() + self.start_timeout_s
         pending = list(keys)
         while pending:
             for key in list(pending):
@@ -318,7 +354,11 @@ class LocalCluster:
                     pending.remove(key)
             if pending and time.monotonic() > deadline:
                 raise TaskFailedError(
-                    self._failure_message(pending[0], f"did not listen within {TASK_START_TIMEOUT_S:.0f} s")
+                    self._failure_message(
+                        pending[0],
+                        f"did not listen within {self.start_timeout_s:.0f} s (LocalCluster(start_timeout_s=...) "
+                        "waits longer on a loaded machine)",
+                    )
                 )
             if pending:
                 time.sleep(TASK_POLL_S)

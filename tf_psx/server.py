@@ -25,12 +25,19 @@ MIN_WORKER_INTER_OP_THREADS_EXTRA = 1
 SIGNAL_POLL_S = 1.0
 
 
-def server_config(task_type: str, num_workers: int):
+def worker_inter_op_threads(num_workers: int) -> int:
+    """The inter-op threads a worker server needs in a cluster of `num_workers`."""
+    return max(num_workers + MIN_WORKER_INTER_OP_THREADS_EXTRA, os.cpu_count() or 1)
+
+
+def server_config(task_type: str, num_workers: int, inter_op_threads: int | None = None):
     """Returns the ConfigProto for a task: enough inter-op threads on workers.
 
     Args:
       task_type: "worker" or "ps".
       num_workers: the number of workers in the cluster.
+      inter_op_threads: the worker's inter-op threads; `worker_inter_op_threads`
+        when None.
 
     Returns:
       A `tf.compat.v1.ConfigProto`, or None for a ps task (TF defaults).
@@ -40,8 +47,7 @@ def server_config(task_type: str, num_workers: int):
     if task_type != "worker":
         return None
     config = tf.compat.v1.ConfigProto()
-    wanted = num_workers + MIN_WORKER_INTER_OP_THREADS_EXTRA
-    config.inter_op_parallelism_threads = max(wanted, os.cpu_count() or 1)
+    config.inter_op_parallelism_threads = inter_op_threads or worker_inter_op_threads(num_workers)
     return config
 
 

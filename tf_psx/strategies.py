@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from typing import Any
 
 import tensorflow as tf
@@ -19,9 +20,15 @@ from tensorflow.python.distribute.coordinator import cluster_coordinator as _cc
 
 from tf_psx import _compat, _exact_updates, partitioners as _partitioners
 from tf_psx.cluster import ClusterConfig, TFConfigError
-from tf_psx.local import LocalCluster
+from tf_psx.local import LocalCluster, port_is_listening
 
-__all__ = ["ParameterServerStrategy", "CentralStorageStrategy", "auto_strategy", "LocalResourcesError"]
+__all__ = [
+    "ParameterServerStrategy",
+    "CentralStorageStrategy",
+    "auto_strategy",
+    "LocalResourcesError",
+    "ClusterUnreachableError",
+]
 
 logger = logging.getLogger("tf_psx")
 
@@ -35,6 +42,52 @@ LOCAL_RESOURCES_FIX = (
 
 # Tasks that run a server, never the training script.
 _SERVER_TASKS = ("worker", "ps")
+
+
+# TF's connection to a cluster whose tasks never come up blocks forever in
+# context initialisation. A minute covers tasks started just before the
+# chief on a loaded machine (importing TF takes 3 to 20 s).
+CONNECT_TIMEOUT_S = 60.0
+# How often an unreachable task is tried again while waiting.
+CONNECT_POLL_S = 0.5
+
+
+class ClusterUnreachableError(TFConfigError):
+    """A worker or ps task did not accept connections in time."""
+
+
+def _address_listens(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        return port_is_listening(int(port), host.strip("[]") or "localhost")
+    except (OSError, ValueError):  # unknown host, bad port: not reachable (yet)
+        return False
+
+
+def wait_until_reachable(jobs: dict, timeout_s: float) -> None:
+    """Waits until every worker and ps address of `jobs` accepts TCP connections.
+
+    Args:
+      jobs: a cluster spec as a dict, {"worker": [...], "ps": [...], ...}.
+      timeout_s: the bound on the wait, in seconds.
+
+    Raises:
+      ClusterUnreachableError: naming each task that did not listen in time.
+    """
+    pending = [(job, i, address) for job in _SERVER_TASKS for i, address in enumerate(jobs.get(job, []))]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pending = [task for task in pending if not _address_listens(task[2])]
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            names = ", ".join(f"{job}:{i} at {address}" for job, i, address in pending)
+            raise ClusterUnreachableError(
+                f"No connection to {names} within {timeout_s:.0f} s. Fix: start those tasks "
+                "(`python -m tf_psx.server` with their TF_CONFIG, or `tf-psx launch`), check the "
+                "addresses in TF_CONFIG, or wait longer with ParameterServerStrategy(connect_timeout_s=...)."
+            )
+        time.sleep(CONNECT_POLL_S)
 
 
 class LocalResourcesError(RuntimeError):
@@ -148,8 +201,12 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         that several async workers never lose or double an update (see
         `tf_psx._exact_updates`). True by default; False gives TF's own
         update path.
+      connect_timeout_s: how long to wait for every worker and ps task to
+        accept connections before raising `ClusterUnreachableError` (TF's
+        own connection waits forever); None waits as TF does.
 
     Raises:
+      ClusterUnreachableError: a task did not listen within `connect_timeout_s`.
       TFConfigError: the cluster has no worker or no ps, or TF_CONFIG is bad.
       ValueError: a malformed partitioner spec.
       TypeError: an argument given twice (`cluster_resolver` and `cluster`,
@@ -172,6 +229,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         cluster: Any = _UNSET,
         partitioner: Any = _UNSET,
         exact_updates: bool = True,
+        connect_timeout_s: float | None = CONNECT_TIMEOUT_S,
     ):
         cluster_resolver = _one_of("cluster_resolver", cluster_resolver, "cluster", cluster)
         variable_partitioner = _one_of("variable_partitioner", variable_partitioner, "partitioner", partitioner)
@@ -184,6 +242,8 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         variable_partitioner = _partitioner_from(variable_partitioner, num_ps)
         _check_no_local_tables()
         _compat.set_grpc_fail_fast()
+        if connect_timeout_s is not None:
+            wait_until_reachable(resolver.cluster_spec().as_dict(), connect_timeout_s)
         super().__init__(resolver, variable_partitioner=variable_partitioner)
         self.exact_updates = exact_updates
         if exact_updates:
