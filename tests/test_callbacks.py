@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
+
+import re
 
 import numpy as np
 import pytest
@@ -88,6 +91,164 @@ def test_resume_point(step, steps_per_epoch, expected):
     # Saved with 20 steps per epoch: step 20 is the end of epoch 0.
     snapshot = cb.Snapshot("/x", step, (step - 1) // 20, (step - 1) % 20 + 1, 20, 0.0)
     assert snapshot.resume_point(steps_per_epoch) == expected
+
+
+@pytest.fixture
+def psx_log(caplog):
+    """caplog, receiving the "tf_psx" logger (which does not propagate to the root)."""
+    logger = logging.getLogger("tf_psx")
+    logger.addHandler(caplog.handler)
+    yield caplog
+    logger.removeHandler(caplog.handler)
+
+
+@pytest.mark.parametrize("staleness, expected", [
+    # max_staleness=2: up to 2 the gradient keeps its weight; above, 1 / (1 + s).
+    (0, 1.0), (2, 1.0), (3, 0.25), (9, 0.1),
+])
+def test_scale_factor_only_scales_above_the_bound(staleness, expected):
+    factor = cb._scale_factor(tf.constant(staleness, tf.int64), 2)
+    assert factor.dtype == tf.float64
+    assert float(factor) == pytest.approx(expected)
+
+
+# --- PeriodicSync under the default strategy (no servers) ---------------------
+
+SMALL_BATCH = 2
+
+
+def _small(names=("first",), inputs=2):
+    model = tf.keras.Sequential([tf.keras.Input((inputs,))] + [tf.keras.layers.Dense(1, name=n) for n in names])
+    model.compile(tf.keras.optimizers.Adam(0.1), "mse")
+    return model
+
+
+class _Batches(tf.keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.ends = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends.append(batch)
+
+
+def _fit_small(model, sync, steps):
+    """Fits `steps` steps (one epoch); returns the batch indices that ran."""
+    batches = _Batches()
+    inputs = model.input_shape[-1]
+    model.fit(np.ones((steps * SMALL_BATCH, inputs)), np.ones(steps * SMALL_BATCH), batch_size=SMALL_BATCH,
+              epochs=1, verbose=0, callbacks=[sync, batches])
+    return batches.ends
+
+
+def _steps(directory):
+    return [s.step for s in cb.PeriodicSync.snapshots(directory)]
+
+
+def _foreign_snapshot(directory, step):
+    """A complete, readable snapshot of something else: one variable named `net`."""
+    path = _fake_snapshot(directory, step, index=False)
+    tf.train.Checkpoint(net=tf.Variable([1.0])).write(os.path.join(path, cb.CHECKPOINT_NAME))
+    return path
+
+
+@pytest.mark.parametrize("case, make, match", [
+    # The snapshot (of Dense "first", Adam) holds first's kernel and bias, iterations and their 4 slots;
+    # "second" and its 4 slots are not in it: 7 of 13.
+    ("one-layer-more", lambda: _small(("first", "second")),
+     r"holds 7 of the 13 variables and tables of this model and its optimizer; "
+     r"not in it: second/kernel, second/bias, Adam/m/second/kernel"),
+    ("another-shape", lambda: _small(("first",), inputs=3),
+     r"holds a value of another shape or dtype \(Received incompatible tensor with shape \(2, 1\)"),
+    ("nothing-matches", lambda: _small(("first",)),
+     r"holds 0 of the 7 variables and tables of this model and its optimizer; not in it: first/kernel, first/bias"),
+], ids=["one-layer-more", "another-shape", "nothing-matches"])
+def test_a_snapshot_of_another_model_is_an_error_and_not_a_partial_restore(case, make, match, tmp_path):
+    directory = tmp_path / "snap"
+    if case == "nothing-matches":
+        newest = _foreign_snapshot(directory, 4)
+    else:
+        _fit_small(_small(("first",)), cb.PeriodicSync(2, directory), steps=4)
+        newest = cb.PeriodicSync.latest(directory).path
+    before = sorted(os.listdir(directory))
+
+    model = make()
+    batches = _Batches()
+    expected = rf"PeriodicSync cannot resume from {re.escape(newest)} \(step 4\): it {match}"
+    with pytest.raises(ValueError, match=expected) as error:
+        model.fit(np.ones((8, model.input_shape[-1])), np.ones(8), batch_size=SMALL_BATCH, verbose=0,
+                  callbacks=[cb.PeriodicSync(2, directory), batches])
+    assert "rather than skip 4 steps" in str(error.value)
+    assert "Fix: point `directory` at this model's own snapshots" in str(error.value)
+    assert batches.ends == []  # no step ran
+    assert sorted(os.listdir(directory)) == before  # nothing written, nothing pruned
+
+    if case != "nothing-matches":
+        # The control: the model that wrote the snapshots resumes from them.
+        again = _small(("first",))
+        sync = cb.PeriodicSync(2, directory)
+        assert _fit_small(again, sync, steps=6) == [4, 5]
+        assert sync.restored.step == 4 and int(again.optimizer.iterations.numpy()) == 6
+
+
+@pytest.mark.parametrize("damage, cause", [
+    ("missing-data", r"OpError: .*ckpt\.data-00000-of-00001; No such file or directory"),
+    ("flipped-byte", r"Checksum does not match"),
+], ids=["missing-data", "flipped-byte"])
+def test_a_snapshot_that_cannot_be_read_is_skipped_with_a_warning(damage, cause, tmp_path, psx_log):
+    directory = tmp_path / "snap"
+    _fit_small(_small(), cb.PeriodicSync(2, directory), steps=4)
+    newest = cb.PeriodicSync.latest(directory)
+    data = glob.glob(newest.checkpoint + ".data-*")[0]
+    if damage == "missing-data":
+        os.remove(data)
+    else:
+        with open(data, "r+b") as handle:
+            first = handle.read(1)
+            handle.seek(0)
+            handle.write(bytes([first[0] ^ 0xFF]))
+
+    model, sync = _small(), cb.PeriodicSync(2, directory)
+    assert _fit_small(model, sync, steps=6) == [2, 3, 4, 5]
+    assert sync.restored.step == 2
+    assert f"cannot read {newest.path}" in psx_log.text
+    assert re.search(cause, psx_log.text), psx_log.text
+    # Step 4 was written again over the damaged one (renamed aside, then deleted).
+    assert _steps(directory) == [2, 4, 6]
+    assert not glob.glob(str(directory / f"{cb.TMP_PREFIX}*"))
+    assert cb.PeriodicSync.latest(directory).step == 6
+
+
+def test_other_restore_errors_propagate(tmp_path, monkeypatch):
+    directory = tmp_path / "snap"
+    _fit_small(_small(), cb.PeriodicSync(2, directory), steps=2)
+
+    def read(self, save_path, options=None):  # what a ps task that is down gives
+        raise tf.errors.UnavailableError(None, None, "ps task 0 is down")
+
+    monkeypatch.setattr(tf.train.Checkpoint, "read", read)
+    with pytest.raises(tf.errors.UnavailableError, match="ps task 0 is down"):
+        _fit_small(_small(), cb.PeriodicSync(2, directory), steps=4)
+    assert _steps(directory) == [2]  # not treated as unreadable: nothing was trained over it
+
+
+def test_pruning_keeps_the_snapshot_just_written_and_never_deletes_newer_ones(tmp_path, psx_log):
+    directory = tmp_path / "snap"
+    directory.mkdir()
+    # An earlier run's snapshots at higher steps, which cannot be read (empty checkpoint index).
+    for step in (100, 200):
+        _fake_snapshot(directory, step)
+    sync = cb.PeriodicSync(2, directory, max_to_keep=1)
+    assert _fit_small(_small(), sync, steps=6) == [0, 1, 2, 3, 4, 5]
+    assert sync.restored is None  # both could not be read: training started at step 0
+    # max_to_keep=1 counts the snapshots up to the one just written: 2 and 4 were pruned, 6 kept,
+    # 100 and 200 left alone.
+    assert _steps(directory) == [6, 100, 200]
+    assert sorted(os.listdir(directory)) == [f"snapshot-{step:012d}" for step in (6, 100, 200)]
+    warning = ("holds snapshots newer than the one just written (step 2): "
+               "snapshot-000000000100, snapshot-000000000200")
+    assert psx_log.text.count(warning) == 1  # named once, not at every snapshot
+    assert "Fix: delete them if they are stale" in psx_log.text
 
 
 # --- the session cluster (1 worker, 2 ps) ------------------------------------
@@ -178,6 +339,46 @@ def test_one_worker_has_no_staleness_and_the_monitor_writes_every_tag(ps_strateg
     tables = events["ps/0/table_bytes"][-1] + events["ps/1/table_bytes"][-1]
     assert tables == 3 * keys_seen * (8 + DIM * 4)
     assert events["ps/0/table_bytes"][-1] > 0 and events["ps/1/table_bytes"][-1] > 0
+
+
+class _Bumping(tf.keras.Model):
+    """A model whose step adds `bump` to StalenessBound's version counter after it read the
+    parameters and before its apply: the step's staleness is `bump`, as if `bump` updates of
+    other workers had landed meanwhile."""
+
+    bump = 0
+
+    def train_step(self, data):
+        x, y = data
+        version = cb._PROBES[self].version
+        with tf.control_dependencies([version.assign_add(self.bump)]):
+            x = tf.identity(x)  # the gradients, so the apply's read of the version, come after
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self(x, training=True) - y))
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+        return {"loss": loss}
+
+
+@pytest.mark.parametrize("bump, factor", [(2, 1.0), (3, 0.25)])
+def test_scale_policy_scales_only_gradients_staler_than_the_bound(ps_strategy, bump, factor):
+    with ps_strategy.scope():
+        x = tf.keras.Input((1,))
+        model = _Bumping(x, tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")(x))
+        model.compile(tf.keras.optimizers.SGD(1.0))
+    model.bump = bump
+
+    def dataset_fn(_ctx):
+        return tf.data.Dataset.from_tensors((tf.ones([4, 1]), tf.ones([4, 1]))).repeat()
+
+    history = model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1, steps_per_epoch=1,
+                        callbacks=[cb.StalenessBound(2, "scale")], verbose=0)
+    assert history.history["staleness_max"] == [bump]
+    assert history.history["dropped_gradients"] == [0]
+    # w = 0, x = y = 1: loss = (w - 1)^2, gradient 2 (w - 1) = -2; SGD(1.0) sets
+    # w = 0 - factor * -2 = 2 * factor (factor 1 up to the bound 2, 1 / (1 + 3) at 3).
+    kernel = sum(float(np.sum(v.numpy())) for v in model.trainable_variables)
+    assert kernel == pytest.approx(2.0 * factor)
 
 
 class _Crash(Exception):

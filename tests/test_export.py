@@ -151,22 +151,97 @@ def test_unseen_dynamic_keys_serve_zero_rows(trained, served):
     np.testing.assert_allclose(outputs["click"][BATCH:], expected_click, atol=1e-5, rtol=0)
 
 
-def test_overwrite_replaces_only_a_saved_model(tmp_path):
+def _constant_model(value: float):
+    """ids -> `value` for every row (a Dense of zero kernel and bias `value`)."""
     ids = tf.keras.Input((2,), dtype=tf.int64, name="ids")
-    model = tf.keras.Model(ids, tf.keras.layers.Dense(1, name="out")(tf.cast(ids, tf.float32)))
+    dense = tf.keras.layers.Dense(1, name="out", kernel_initializer="zeros",
+                                  bias_initializer=tf.keras.initializers.Constant(value))
+    return tf.keras.Model(ids, dense(tf.cast(ids, tf.float32)))
+
+
+def _served_value(path) -> float:
+    out = tf.saved_model.load(str(path)).signatures["serving_default"](ids=tf.constant([[1, 2]], tf.int64))
+    return float(out["out"].numpy()[0, 0])
+
+
+def _tree(path) -> dict:
+    """{relative file path: bytes} of every file under `path`."""
+    return {os.path.relpath(os.path.join(root, name), path): open(os.path.join(root, name), "rb").read()
+            for root, _, names in os.walk(path) for name in names}
+
+
+def test_overwrite_replaces_only_a_saved_model(tmp_path):
     path = tmp_path / "served"
-    tf_psx.export_serving(model, path)
+    tf_psx.export_serving(_constant_model(1.0), path)
     with pytest.raises(FileExistsError, match=r"holds \d+ entries .*pass overwrite=True"):
-        tf_psx.export_serving(model, path)
-    tf_psx.export_serving(model, path, overwrite=True)
-    assert (path / "saved_model.pb").exists()
+        tf_psx.export_serving(_constant_model(2.0), path)
+    assert _served_value(path) == 1.0
+    tf_psx.export_serving(_constant_model(2.0), path, overwrite=True)
+    assert _served_value(path) == 2.0
+    # Written beside, renamed into place, the old one deleted: nothing else is left.
+    assert sorted(os.listdir(tmp_path)) == ["served"]
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    tf_psx.export_serving(_constant_model(3.0), empty)  # an empty directory is replaced
+    assert _served_value(empty) == 3.0
 
     other = tmp_path / "notes"
     other.mkdir()
     (other / "keep.txt").write_text("mine")
     with pytest.raises(FileExistsError, match=r"'keep.txt'.*not a SavedModel, so overwrite=True will not delete it"):
-        tf_psx.export_serving(model, other, overwrite=True)
+        tf_psx.export_serving(_constant_model(4.0), other, overwrite=True)
     assert (other / "keep.txt").read_text() == "mine"
+
+
+class _Forgetful(tf.keras.layers.Layer):
+    """A layer whose get_config() leaves out `units`: its serving copy has other weights."""
+
+    def __init__(self, units=1, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(name="kernel", shape=(input_shape[-1], self.units))
+
+    def call(self, inputs):
+        return tf.matmul(inputs, self.kernel)
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("units", None)  # tf-keras records __init__ arguments itself
+        return config
+
+
+def _copy_fails(monkeypatch):
+    ids = tf.keras.Input((2,), dtype=tf.int64, name="ids")
+    return tf.keras.Model(ids, _Forgetful(units=2, name="out")(tf.cast(ids, tf.float32))), ValueError, \
+        r"weight .*kernel.* of layer `out` has shape \(2, 2\) but its serving copy has \(2, 1\)"
+
+
+def _save_fails_halfway(monkeypatch):
+    def save(obj, export_dir, signatures=None, **kwargs):  # pylint: disable=unused-argument
+        os.makedirs(os.path.join(export_dir, "variables"))
+        with open(os.path.join(export_dir, "saved_model.pb"), "wb") as handle:
+            handle.write(b"torn")  # what a crash in the middle of the write leaves
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(tf.saved_model, "save", save)
+    return _constant_model(2.0), OSError, r"No space left on device"
+
+
+@pytest.mark.parametrize("make_failure", [_copy_fails, _save_fails_halfway], ids=["copy-fails", "save-fails-halfway"])
+def test_failed_overwrite_leaves_the_old_model_as_it_was(make_failure, tmp_path, monkeypatch):
+    path = tmp_path / "served"
+    tf_psx.export_serving(_constant_model(1.0), path)
+    before = _tree(path)
+    model, error, match = make_failure(monkeypatch)
+    with pytest.raises(error, match=match):
+        tf_psx.export_serving(model, path, overwrite=True)
+    monkeypatch.undo()
+    assert _tree(path) == before  # every file, byte for byte
+    assert _served_value(path) == 1.0
+    assert sorted(os.listdir(tmp_path)) == ["served"]  # the partial write is gone
 
 
 class _Subclassed(tf.keras.Model):

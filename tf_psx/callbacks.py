@@ -60,6 +60,13 @@ TMP_PREFIX = ".tmp-snapshot-"
 # Written last, inside the snapshot: a snapshot without it is incomplete.
 MANIFEST = "snapshot.json"
 CHECKPOINT_NAME = "ckpt"
+# The tensor of a TF2 checkpoint that holds its object graph (TF's
+# `trackable.base.OBJECT_GRAPH_PROTO_KEY`): reading it checks that the index
+# and the data file can be opened before anything is restored.
+_OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+# An error names at most this many objects a snapshot did not restore: enough
+# to recognise the model, short enough to read in a log.
+_NAMES_SHOWN = 10
 # ClusterMonitor: often enough to see a trend within one epoch of a test run,
 # rare enough that its few small remote reads cost < 1 % of steps.
 DEFAULT_MONITOR_STEPS = 100
@@ -283,7 +290,7 @@ class _StepProbe:
             staleness = tf.maximum(now - frame["version"], 0)
             record = self.epoch_max.scatter_max(tf.IndexedSlices(tf.reshape(staleness, [1]), tf.zeros([1], tf.int64)))
             if name == "scale":
-                factor = 1.0 / (1.0 + tf.cast(staleness, tf.float64))
+                factor = _scale_factor(staleness, bound)
                 grads_and_vars = [(_scaled(g, factor), v) for g, v in grads_and_vars]
             if name == "drop":
                 def apply_update():
@@ -347,6 +354,20 @@ class _NullScope:
 
     def __exit__(self, *exc):
         return False
+
+
+def _scale_factor(staleness, bound: int):
+    """What the `"scale"` policy multiplies a step's gradients by (a float64 scalar tensor).
+
+    `1 / (1 + staleness)` when `staleness > bound`, else 1: gradients within
+    the bound are applied as they are (docs/guides/staleness.md).
+
+    Args:
+      staleness: int64 scalar tensor, the step's staleness (>= 0).
+      bound: the callback's `max_staleness`.
+    """
+    staleness = tf.cast(staleness, tf.float64)
+    return tf.where(staleness > bound, 1.0 / (1.0 + staleness), tf.constant(1.0, tf.float64))
 
 
 def _scaled(gradient, factor):
@@ -417,9 +438,10 @@ class StalenessBound(_RunCallback):
 
     * `"drop"`: skip the apply (the whole update, `optimizer.iterations`
       included) when staleness > `max_staleness`;
-    * `"scale"`: multiply the gradients by `1 / (1 + staleness)`; for SGD
-      this scales the update, for Adam-like optimizers it scales what enters
-      the moments.
+    * `"scale"`: when staleness > `max_staleness`, multiply the step's
+      gradients by `1 / (1 + staleness)`; gradients within the bound are
+      applied unchanged. For SGD this scales the update, for Adam-like
+      optimizers it scales what enters the moments.
 
     After each epoch the logs (so the History and a TensorBoard callback
     placed after this one) get `staleness_mean`, `staleness_max` and
@@ -438,9 +460,9 @@ class StalenessBound(_RunCallback):
 
     Args:
       max_staleness: int >= 0, the largest staleness a gradient may have
-        (`drop`), or the point from which it counts (`scale`: it is applied to
-        every gradient whose staleness exceeds `max_staleness`; 0 scales all
-        stale gradients).
+        (`drop`), or the largest one it keeps its full weight at (`scale`:
+        every gradient whose staleness exceeds `max_staleness` is scaled;
+        0 scales all stale gradients).
       policy: `"drop"` or `"scale"`.
 
     Raises:
@@ -547,8 +569,10 @@ def _read_manifest(path: str) -> Snapshot | None:
         snapshot = Snapshot(path=path, step=int(data["step"]), epoch=int(data["epoch"]),
                             step_in_epoch=int(data["step_in_epoch"]),
                             steps_per_epoch=data.get("steps_per_epoch"), seconds=float(data.get("seconds", 0.0)))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # no manifest: the write was interrupted (or the name is not a snapshot)
+    except (ValueError, KeyError, TypeError):
+        return None  # a torn or foreign manifest (json.JSONDecodeError is a ValueError)
     if not os.path.exists(snapshot.checkpoint + ".index"):
         return None
     return snapshot
@@ -556,6 +580,99 @@ def _read_manifest(path: str) -> Snapshot | None:
 
 def _hook_before_commit(path: str) -> None:  # pylint: disable=unused-argument
     """Called after a snapshot is written and before it is renamed (a seam for crash tests)."""
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _unreadable(prefix: str) -> str | None:
+    """Why the checkpoint at `prefix` cannot be opened, or None when it can.
+
+    Only local files are read (the index and the object graph), so the
+    errors caught here are about those files. TF 2.16's checkpoint reader
+    raises a bare `tf.errors.OpError` (code UNKNOWN) for a missing or
+    unparsable file or a bad checksum, and IndexError for a truncated data
+    file.
+    """
+    try:
+        tf.train.load_checkpoint(prefix).get_tensor(_OBJECT_GRAPH_KEY)
+    except (tf.errors.OpError, IndexError) as error:
+        return f"{type(error).__name__}: {_first_line(error)}"
+    return None
+
+
+def _state_name(obj) -> str:
+    """A readable name for a variable, a ShardedVariable or a TFRA table."""
+    if _is_sharded(obj) and obj.variables:
+        obj = obj.variables[0]
+    name = str(getattr(obj, "name", None) or type(obj).__name__)
+    return re.sub(r"(/part_\d+)?:\d+$", "", name)
+
+
+def _tfra_scratch_types() -> tuple:
+    """TFRA's per-step lookup buffers: variables that no snapshot can restore.
+
+    A DynamicEmbedding's trainable weight is a ShadowVariable (a
+    TrainableWrapper) with DEResourceVariable helpers; they hold the rows of
+    the last batch, are written into snapshots, and are never matched on
+    restore (TFRA 0.8.1). The state they stand for is the table.
+    """
+    if not _compat.tfra_loaded():
+        return ()
+    de = _compat.tfra()
+    return (de.TrainableWrapper, de.shadow_ops.DEResourceVariable)
+
+
+def _required_state(model) -> list:
+    """What a snapshot of `model` must restore: every variable of the model and
+    of its optimizer that exists now (shards as their ShardedVariable), and
+    every DynamicEmbedding table. Optimizer slots made on the first apply do
+    not exist yet and are restored when they are made (a deferred restore)."""
+    from tf_psx.layers import DynamicEmbedding  # pylint: disable=import-outside-toplevel
+
+    owners = {}
+    for obj in tf.train.TrackableView(model).descendants():
+        if _is_sharded(obj):
+            for shard in obj.variables:
+                owners[id(shard)] = obj
+    scratch = _tfra_scratch_types()
+    candidates = list(model.variables)
+    if model.optimizer is not None:
+        candidates += list(model.optimizer.variables)
+    required = {}
+    for variable in candidates:
+        if scratch and isinstance(variable, scratch):
+            continue
+        owner = owners.get(id(variable), variable)
+        required.setdefault(id(owner), owner)
+    for layer in model.submodules:
+        if isinstance(layer, DynamicEmbedding):
+            required.setdefault(id(layer.table), layer.table)
+    return list(required.values())
+
+
+def _restored_ids(status) -> set[int]:
+    """ids of the Python objects that a `tf.train.Checkpoint.read` matched.
+
+    TF 2.16 keeps them in `status._checkpoint.object_by_proto_id` (a
+    WeakValueDictionary: node of the saved object graph -> the object it was
+    restored into). `status.assert_existing_objects_matched()` reads the same
+    map but cannot be used as it is: it also fails on TFRA's lookup buffers
+    (`_tfra_scratch_types`), which no snapshot restores, and names at most
+    ten objects, by their full values.
+    """
+    return {id(obj) for obj in status._checkpoint.object_by_proto_id.values()}  # pylint: disable=protected-access
+
+
+def _remove(path: str, why: str) -> None:
+    """Deletes a directory tree; a failure is logged with its cause, not raised."""
+    try:
+        shutil.rmtree(path)
+    except OSError as error:
+        logger.warning("PeriodicSync: could not delete %s (%s): %s. It is never restored; delete it by hand.",
+                       path, why, _first_line(error))
 
 
 class PeriodicSync(_RunCallback):
@@ -575,10 +692,20 @@ class PeriodicSync(_RunCallback):
        starts from the same state.
 
     When `fit` starts, the newest complete snapshot is restored (an older
-    one if the newest cannot be read) and fit continues from its step, like
-    `tf.keras.callbacks.BackupAndRestore`: the steps already done are not run
-    again. Only the newest `max_to_keep` snapshots are kept. Each snapshot
-    is logged with its duration; `snapshot_seconds` keeps the durations.
+    one if the files of the newest cannot be read, with a warning) and fit
+    continues from its step, like `tf.keras.callbacks.BackupAndRestore`: the
+    steps already done are not run again. A snapshot that can be read but
+    does not hold every variable of the model and its optimizer (and every
+    DynamicEmbedding table) is an error, not a partial restore: it was
+    written by another model. Each snapshot is logged with its duration;
+    `snapshot_seconds` keeps the durations.
+
+    After each write, only the newest `max_to_keep` snapshots up to the step
+    just written are kept. Snapshots with a higher step (an earlier run's in
+    the same directory, or ones that could not be read) are never deleted and
+    not counted: a warning names them, since a later fit tries them first.
+    Replacing and pruning a snapshot are renames as well: a snapshot
+    directory is complete or absent, never half deleted.
 
     Example:
 
@@ -610,7 +737,8 @@ class PeriodicSync(_RunCallback):
       snapshot_seconds: seconds of each snapshot this callback wrote.
 
     Raises:
-      ValueError: bad arguments, or BackupAndRestore in the same fit.
+      ValueError: bad arguments, BackupAndRestore in the same fit, or (when
+        fit starts) a snapshot in `directory` that is not of this model.
 
     Known limitations:
       * The position in the input data is not saved: after a resume the
@@ -639,6 +767,7 @@ class PeriodicSync(_RunCallback):
         self._epoch_start = 0
         self._last_saved = -1
         self._checkpoint = None
+        self._warned_newer: set[str] = set()
 
     # -- finding snapshots (usable without a model) ---------------------------
 
@@ -680,8 +809,8 @@ class PeriodicSync(_RunCallback):
         if self._writes:
             os.makedirs(self.directory, exist_ok=True)
             for name in os.listdir(self.directory):
-                if name.startswith(TMP_PREFIX):  # left by an interrupted write
-                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+                if name.startswith(TMP_PREFIX):  # left by an interrupted write or prune
+                    _remove(os.path.join(self.directory, name), "left by an interrupted write")
         steps = (self.params or {}).get("steps")
         self.restored = self._restore_newest()
         self._step, self._resume_in_epoch = 0, 0
@@ -694,14 +823,52 @@ class PeriodicSync(_RunCallback):
         self._last_saved = self._step
 
     def _restore_newest(self) -> Snapshot | None:
+        """Restores the newest snapshot that can be read; None when there is none.
+
+        A snapshot whose files cannot be read is skipped with a warning (an
+        older one is tried). A snapshot that can be read but does not hold
+        this model's state raises: an older one from the same directory would
+        not either, and training on would skip the steps it records with
+        weights it did not restore. Any other error (e.g. a ps task that is
+        down) propagates.
+        """
         for snapshot in reversed(self.snapshots(self.directory)):
-            try:
-                self._checkpoint.restore(snapshot.checkpoint).expect_partial()
-                return snapshot
-            except (tf.errors.OpError, ValueError, AssertionError) as error:
-                logger.warning("PeriodicSync: cannot restore %s (%s); trying an older snapshot",
-                               snapshot.path, str(error).splitlines()[0] if str(error) else type(error).__name__)
+            cause = _unreadable(snapshot.checkpoint)
+            if cause is None:
+                try:
+                    # `read` is the counterpart of `write` (no save_counter).
+                    status = self._checkpoint.read(snapshot.checkpoint)
+                except tf.errors.DataLossError as error:  # a tensor whose checksum does not match
+                    cause = f"{type(error).__name__}: {_first_line(error)}"
+                except ValueError as error:  # a tensor of another shape or dtype than the variable
+                    what = f"a value of another shape or dtype ({_first_line(error)})"
+                    raise ValueError(self._mismatch(snapshot, what)) from error
+            if cause is not None:
+                logger.warning("PeriodicSync: cannot read %s (%s); trying an older snapshot", snapshot.path, cause)
+                continue
+            # Values in the snapshot that nothing here takes are expected: TFRA's
+            # lookup buffers, and slots that are made on the first apply (restored then).
+            status.expect_partial()
+            restored = _restored_ids(status)
+            required = _required_state(self.model)
+            missing = [_state_name(obj) for obj in required if id(obj) not in restored]
+            if missing:
+                shown = ", ".join(missing[:_NAMES_SHOWN]) + (
+                    f" and {len(missing) - _NAMES_SHOWN} more" if len(missing) > _NAMES_SHOWN else "")
+                raise ValueError(self._mismatch(
+                    snapshot, f"{len(required) - len(missing)} of the {len(required)} variables and tables of this "
+                    f"model and its optimizer; not in it: {shown}"))
+            return snapshot
         return None
+
+    def _mismatch(self, snapshot: Snapshot, what: str) -> str:
+        return (
+            f"PeriodicSync cannot resume from {snapshot.path} (step {snapshot.step}): it holds {what}. It was "
+            "written by another model or optimizer, or the model changed since. fit stopped before its first step "
+            f"rather than skip {snapshot.step} steps with weights it did not restore. Fix: point `directory` at "
+            f"this model's own snapshots (one directory per training run), or delete the snapshot-* directories "
+            f"of the other model from {self.directory} to train from step 0."
+        )
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -726,7 +893,7 @@ class PeriodicSync(_RunCallback):
         barrier = time.perf_counter() - start
         step, in_epoch = self._step, self._step - self._epoch_start
         if self._writes:
-            tmp = os.path.join(self.directory, f"{TMP_PREFIX}{step:0{_STEP_DIGITS}d}-{uuid.uuid4().hex[:8]}")
+            tmp = self._tmp_path(step)
             os.makedirs(tmp)
             self._checkpoint.write(os.path.join(tmp, CHECKPOINT_NAME))
             seconds = time.perf_counter() - start
@@ -739,19 +906,54 @@ class PeriodicSync(_RunCallback):
                 os.fsync(handle.fileno())
             _hook_before_commit(tmp)
             final = os.path.join(self.directory, f"{SNAPSHOT_PREFIX}{step:0{_STEP_DIGITS}d}")
-            if os.path.exists(final):  # incomplete leftover of an earlier run (no manifest)
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-            self._prune()
+            if os.path.exists(final):
+                # A leftover of an earlier run at this step (without manifest, or one
+                # that could not be read): moved aside in one rename, deleted once
+                # the new one is in place, so the name never holds a partial snapshot.
+                aside = self._tmp_path(step)
+                os.rename(final, aside)
+                os.rename(tmp, final)
+                _remove(aside, "replaced by a new snapshot of the same step")
+            else:
+                os.rename(tmp, final)
+            self._prune(step)
         seconds = time.perf_counter() - start
         self._last_saved = step
         self.snapshot_seconds.append(seconds)
         self._seconds.append(seconds)
         logger.info("PeriodicSync: snapshot of step %d in %.2f s (barrier %.2f s)", step, seconds, barrier)
 
-    def _prune(self) -> None:
-        for snapshot in self.snapshots(self.directory)[:-self.max_to_keep]:
-            shutil.rmtree(snapshot.path, ignore_errors=True)
+    def _tmp_path(self, step: int) -> str:
+        return os.path.join(self.directory, f"{TMP_PREFIX}{step:0{_STEP_DIGITS}d}-{uuid.uuid4().hex[:8]}")
+
+    def _prune(self, written: int) -> None:
+        """Keeps the newest `max_to_keep` snapshots up to step `written` (the one just written).
+
+        Snapshots newer than `written` are never deleted (see the class
+        docstring); each is named once in a warning.
+        """
+        found = self.snapshots(self.directory)
+        newer = [s for s in found if s.step > written]
+        upto = [s for s in found if s.step <= written]  # the one just written is the last
+        for snapshot in upto[:-self.max_to_keep]:
+            # Renamed first (one atomic step: it is no longer listed), then deleted;
+            # a crash in between leaves a temporary directory, removed at the next start.
+            aside = self._tmp_path(snapshot.step)
+            try:
+                os.rename(snapshot.path, aside)
+            except OSError as error:  # training goes on; the snapshot stays, complete
+                logger.warning("PeriodicSync: could not prune %s: %s", snapshot.path, _first_line(error))
+                continue
+            _remove(aside, f"pruned snapshot of step {snapshot.step}")
+        unwarned = [s for s in newer if s.path not in self._warned_newer]
+        if unwarned:
+            self._warned_newer.update(s.path for s in unwarned)
+            logger.warning(
+                "PeriodicSync: %s holds snapshots newer than the one just written (step %d): %s. They were left by "
+                "an earlier run or could not be read; they are kept (never pruned, not counted in max_to_keep=%d), "
+                "and a later fit in this directory tries them first. Fix: delete them if they are stale, and use "
+                "one directory per training run.",
+                self.directory, written, ", ".join(os.path.basename(s.path) for s in unwarned), self.max_to_keep)
 
 
 # ----------------------------------------------------------------------------
@@ -820,6 +1022,7 @@ class ClusterMonitor(_RunCallback):
         self.cluster = cluster
         self.last_values: dict[str, float] = {}
         self._writer = None
+        self._unsized_slots: set[str] = set()
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
@@ -923,9 +1126,13 @@ class ClusterMonitor(_RunCallback):
             table = rows.table
             tables.append(table)
             try:
+                # [] for an optimizer without slots (SGD).
                 tables.extend(table.get_slot_variables(self.model.optimizer))
-            except (AttributeError, KeyError, TypeError, ValueError):
-                pass  # an optimizer without slots (SGD)
+            except TypeError as error:  # TFRA 0.8.1: an optimizer class it does not know
+                if table.name not in self._unsized_slots:
+                    self._unsized_slots.add(table.name)
+                    logger.warning("ClusterMonitor: ps/<i>/table_bytes leaves out the optimizer slots of table %s: %s",
+                                   table.name, _first_line(error))
         return tables
 
     def _ps_rss(self) -> dict[str, float]:
@@ -938,6 +1145,6 @@ class ClusterMonitor(_RunCallback):
         for task in range(cluster.config.num_ps):
             try:
                 values[f"ps/{task}/rss_bytes"] = float(psutil.Process(cluster.pid("ps", task)).memory_info().rss)
-            except (psutil.Error, RuntimeError, KeyError, ValueError):
-                continue  # a task that is down right now
+            except psutil.NoSuchProcess:  # a task that is down right now (ZombieProcess included)
+                continue
         return values

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,12 @@ UNSEEN_KEY_DEFAULT = 0.0
 # The file that marks a directory as a SavedModel (the only kind of directory
 # `overwrite=True` is allowed to replace).
 _SAVED_MODEL_FILE = "saved_model.pb"
+# The export is written to `<parent>/.<name><_WRITING>-<id>` and renamed to
+# `path` once complete; a model it replaces is first renamed to
+# `<parent>/.<name><_REPLACED>-<id>`, and deleted last. Hidden names in the
+# same parent: a rename within one filesystem, never seen as a model.
+_WRITING = ".tmp-export"
+_REPLACED = ".old-export"
 
 
 class _ServingDynamicEmbedding(_keras.layers.Layer):
@@ -123,14 +130,15 @@ def _check_model(model) -> None:
         )
 
 
-def _check_path(path: str, overwrite: bool) -> str:
+def _check_path(path: str, overwrite: bool) -> tuple[str, bool]:
+    """Returns (`path` as a str, whether it holds a SavedModel to replace); deletes nothing."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"Argument `path` of export_serving must be a str or os.PathLike directory path. Received: {path!r}.")
     path = os.fspath(path)
     if not isinstance(path, str) or not path:
         raise ValueError(f"Argument `path` of export_serving must be a non-empty directory path. Received: {path!r}.")
     if not tf.io.gfile.exists(path):
-        return path
+        return path, False
     if not tf.io.gfile.isdir(path):
         raise FileExistsError(
             f"Argument `path` of export_serving must be a directory that does not exist yet or is empty; "
@@ -138,10 +146,9 @@ def _check_path(path: str, overwrite: bool) -> str:
         )
     contents = tf.io.gfile.listdir(path)
     if not contents:
-        return path
+        return path, False
     if overwrite and _SAVED_MODEL_FILE in contents:
-        tf.io.gfile.rmtree(path)
-        return path
+        return path, True
     hint = (
         "pass overwrite=True to replace it" if _SAVED_MODEL_FILE in contents
         else "it is not a SavedModel, so overwrite=True will not delete it; choose another path"
@@ -151,6 +158,43 @@ def _check_path(path: str, overwrite: bool) -> str:
         f"received {path!r}, which holds {len(contents)} entries (e.g. {sorted(contents)[0]!r}). "
         f"Fix: {hint}."
     )
+
+
+def _beside(path: str, kind: str) -> str:
+    """A new hidden path in the directory that holds `path`."""
+    parent, name = os.path.split(path.rstrip("/"))
+    return os.path.join(parent, f".{name}{kind}-{uuid.uuid4().hex[:8]}")
+
+
+def _commit(written: str, path: str, replace: bool) -> None:
+    """Moves the complete export `written` to `path`.
+
+    A SavedModel already at `path` (`replace`) is renamed aside first and
+    deleted only once the new one is in place; if the second rename fails it
+    is renamed back. On a local or POSIX filesystem both are atomic renames:
+    `path` holds the old model or the new one, never part of either (between
+    the two renames it is briefly absent).
+    """
+    if not replace:
+        # `path` is absent or an empty directory, which a rename replaces.
+        tf.io.gfile.rename(written, path, overwrite=tf.io.gfile.exists(path))
+        return
+    old = _beside(path, _REPLACED)
+    tf.io.gfile.rename(path, old)
+    try:
+        tf.io.gfile.rename(written, path)
+    except (tf.errors.OpError, OSError):
+        tf.io.gfile.rename(old, path)
+        raise
+    _remove(old, "the replaced model")
+
+
+def _remove(path: str, what: str) -> None:
+    """Deletes a directory tree; a failure is logged with its cause (the export itself is done or failed already)."""
+    try:
+        tf.io.gfile.rmtree(path)
+    except (tf.errors.OpError, OSError) as error:
+        logger.warning("export_serving: could not delete %s (%s): %s. Delete it by hand.", path, what, error)
 
 
 def _clone_layer(layer):
@@ -272,7 +316,10 @@ def export_serving(model, path: str, *, overwrite: bool = False) -> str:
         strategy (or none). It is not changed.
       path: the directory to write; it must not exist or be empty (local or
         any `tf.io.gfile` path such as gs://).
-      overwrite: replace `path` when it already holds a SavedModel.
+      overwrite: replace `path` when it already holds a SavedModel. The new
+        model is written beside it first; the old one is deleted only once
+        the new one is complete and renamed into place, so an export that
+        fails leaves the old model as it was.
 
     Returns:
       `path`.
@@ -294,6 +341,10 @@ def export_serving(model, path: str, *, overwrite: bool = False) -> str:
         a table of N rows of dim D needs N * D * 4 bytes here.
       * Optimizer state is not exported; for resuming training use
         checkpoints.
+      * The write-then-rename is atomic on local and POSIX filesystems; on
+        object stores (gs://) a rename is a copy, so a reader may see a
+        partial model while it runs (the old model is still deleted only
+        after the new one is complete).
     """
     _check_model(model)
     if tf.distribute.has_strategy():
@@ -302,7 +353,7 @@ def export_serving(model, path: str, *, overwrite: bool = False) -> str:
             "with plain local variables, not the strategy's. Fix: call it after the `with "
             "strategy.scope():` block (after model.fit)."
         )
-    path = _check_path(path, overwrite)
+    path, replace = _check_path(path, overwrite)
     owners = _sharded_owners(model)
     # Built on this process's CPU, whatever the cluster: the copy is what is
     # saved, and a saved device must exist wherever the model is loaded.
@@ -322,7 +373,15 @@ def export_serving(model, path: str, *, overwrite: bool = False) -> str:
         module = _ServingModule(serving, _input_signature(model), model.output_names)
         unsharded = sum(isinstance(w, tf.__internal__.distribute.ShardedVariable) for w in _logical_weights(model, owners))
         signature = module.serve.get_concrete_function()
-        tf.saved_model.save(module, path, signatures={SERVING_SIGNATURE: signature})
+        # Written beside `path`, then renamed into place: a failed write leaves
+        # `path` as it was (an old model included), never a partial SavedModel.
+        written = _beside(path, _WRITING)
+        try:
+            tf.saved_model.save(module, written, signatures={SERVING_SIGNATURE: signature})
+            _commit(written, path, replace)
+        finally:
+            if tf.io.gfile.exists(written):  # the write or the commit failed
+                _remove(written, "an incomplete export")
     logger.info(
         "export_serving: wrote %s (%d variables, %d sharded variables unsharded, %d dynamic-embedding keys)",
         path, len(module.model_variables), unsharded, exported_keys,
