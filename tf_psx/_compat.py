@@ -214,6 +214,13 @@ def wrap_tfra_optimizer(optimizer):
         return optimizer
     wrapped = tfra().DynamicEmbeddingOptimizer(optimizer)
     wrapped._tf_psx_tfra_wrapped = True  # pylint: disable=protected-access
+    # TFRA's apply writes rows back as values: exact only with one worker.
+    # tf_psx's locks every table update under a strategy with exact_updates.
+    from tf_psx import _exact_updates  # pylint: disable=import-outside-toplevel
+
+    _exact_updates.install()
+    tfra_fn = wrapped.__dict__["_distributed_apply_gradients_fn"]
+    wrapped._distributed_apply_gradients_fn = _exact_updates.tfra_apply_gradients_fn(wrapped, tfra_fn)  # pylint: disable=protected-access
     return wrapped
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import threading
 
 import tensorflow as tf
@@ -170,3 +171,198 @@ def install() -> None:
         base._update_step = _update_step  # pylint: disable=protected-access
         base._update_step_xla = _update_step_xla  # pylint: disable=protected-access
         _INSTALLED = True
+
+
+# --- TFRA hash tables (written against TFRA 0.8.1's DynamicEmbeddingOptimizer) ---
+#
+# TFRA trains a table through per-batch "shadow" buffers: the forward pass
+# copies the batch's rows into the shadow, the optimizer updates the shadow
+# (and one shadow per slot), and the result is written back to the table
+# (`upsert`, or with bp_v2 a delta). Written back as values, two workers that
+# looked up the same row both write their own "old row + my update", and one
+# update is lost (measured: 0.66 of the true SGD update with 2 workers). With
+# bp_v2 the row delta is exact for SGD, but the slots (Adagrad's accumulator,
+# Adam's moments) and new keys still race.
+#
+# Here each table's update runs as one unit under a lock on the table's first
+# ps task: read the rows and slots afresh from the table, run the optimizer's
+# own update on the shadows, write rows and slots back. Keys that are still
+# absent keep the value the forward pass used (TFRA draws a fresh random row
+# per lookup of an absent key). Adam-family bias correction uses a per-table
+# step counter, as for ordinary variables above.
+
+
+def _tfra_slots_of(optimizer, shadow):
+    ids = shadow.ids
+    return [
+        slot
+        for slot in optimizer._variables  # pylint: disable=protected-access
+        if slot is not shadow and _is_tfra_shadow(slot) and getattr(slot, "ids", None) is ids
+    ]
+
+
+def _tfra_state_for(optimizer, shadow):
+    """The (lock, step counter) of the table behind `shadow`, created on its first ps task."""
+    locks = optimizer.__dict__.setdefault(_STATE_ATTR, {})
+    params = shadow.params
+    key = f"tfra/{params.name}"
+    if key in locks:
+        return locks[key]
+    with tf.init_scope():
+        if not hasattr(optimizer, _STEPS_ATTR):
+            setattr(optimizer, _STEPS_ATTR, {})
+        with tf.device(params.devices[0]):
+            step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{key.replace('/', '_')}_local_step")
+            lock = tf.CriticalSection(shared_name=f"{_LOCK_PREFIX}_{next(_ids)}")
+        getattr(optimizer, _STEPS_ATTR)[key.replace("/", "_")] = step
+    locks[key] = (lock, step)
+    return locks[key]
+
+
+def _fresh_slot_rows(optimizer, slot, ids):
+    """The slot's rows for `ids` from its table; absent keys get the optimizer's initial slot value.
+
+    TFRA builds a slot table's default from the shadow's initial value, an
+    empty [0, dim] tensor, so Adagrad's and Ftrl's accumulators of new keys
+    started at 0 instead of `initial_accumulator_value` (0.1 by default):
+    measured 1.41x the true Adagrad move even with one worker.
+    """
+    fresh, exists = slot.params.lookup(ids, return_exists=True)
+    initial = getattr(optimizer, "initial_accumulator_value", None)
+    if initial is None or "accumulator" not in slot.params.name.rsplit("/", 1)[-1]:
+        return fresh
+    return tf.where(tf.reshape(exists, [-1, 1]), fresh, tf.cast(initial, fresh.dtype) * tf.ones_like(fresh))
+
+
+def _tfra_locked_update(original, optimizer, gradient, shadow):
+    from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=import-outside-toplevel
+
+    if not shadow.params.trainable:
+        return tf.no_op()
+    lock, step = _tfra_state_for(optimizer, shadow)
+    slots = _tfra_slots_of(optimizer, shadow)
+    # As TFRA's own apply does: the shadow's checkpoint and restrict policy
+    # follow its slots.
+    shadow._track_optimizer_slots(slots)  # pylint: disable=protected-access
+    params = shadow.params
+
+    def update():
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        before = set(graph.get_operations()) if graph is not None else set()
+        ids = shadow.ids.read_value()
+        forward_rows = shadow.read_value(do_prefetch=False)
+        fresh, exists = params.lookup(ids, return_exists=True)
+        rows = tf.where(tf.reshape(exists, [-1, 1]), fresh, forward_rows)
+        loads = [gen_resource_variable_ops.assign_variable_op(shadow.handle, rows)]
+        for slot in slots:
+            loads.append(gen_resource_variable_ops.assign_variable_op(slot.handle, _fresh_slot_rows(optimizer, slot, ids)))
+        with tf.control_dependencies(loads):
+            done_steps = step.read_value()
+            with _iterations_as(optimizer, done_steps):
+                original(optimizer, gradient, shadow)
+        created = [op for op in graph.get_operations() if op not in before] if graph is not None else []
+        with tf.control_dependencies(created):
+            writes = [params.upsert(ids, shadow.read_value(do_prefetch=False))]
+            writes += [slot.params.upsert(ids, slot.read_value(do_prefetch=False)) for slot in slots]
+            if params.restrict_policy is not None:
+                writes.append(params.restrict_policy.apply_update(ids))
+        with tf.control_dependencies(writes):
+            return step.assign_add(1, read_value=True)
+
+    return lock.execute(update, exclusive_resource_access=False)
+
+
+def tfra_apply_gradients_fn(optimizer, tfra_fn):
+    """An exact `_distributed_apply_gradients_fn` for a TFRA-wrapped optimizer.
+
+    Args:
+      optimizer: a tf-keras optimizer already wrapped by TFRA's
+        `DynamicEmbeddingOptimizer`.
+      tfra_fn: TFRA's own function, used when the strategy in scope does not
+        ask for exact updates.
+
+    Returns:
+      A function with the signature of tf-keras's
+      `_distributed_apply_gradients_fn(distribution, grads_and_vars, **kwargs)`.
+    """
+    base = _base_optimizer_class()
+
+    def apply_gradients_fn(distribution, grads_and_vars, **kwargs):
+        if not _strategy_wants_exact(optimizer):
+            return tfra_fn(distribution, grads_and_vars, **kwargs)
+        original = base._update_step.__wrapped__  # pylint: disable=protected-access
+
+        def apply_one(var, grad):
+            if _is_tfra_shadow(var):
+                return _tfra_locked_update(original, optimizer, grad, var)
+            return optimizer._update_step(grad, var)  # pylint: disable=protected-access
+
+        grads_and_vars = list(grads_and_vars)
+        for grad, var in grads_and_vars:
+            if _is_tfra_shadow(var):
+                # TFRA's shadows report the coordinator's device; their
+                # update runs where the handles live, not "colocated".
+                with tf.compat.v1.colocate_with(None, ignore_existing=True):
+                    apply_one(var, grad)
+            else:
+                distribution.extended.update(var, apply_one, args=(grad,), group=False)
+        if optimizer.use_ema:
+            var_list = [var for _, var in grads_and_vars]
+            optimizer._update_model_variables_moving_average(var_list)  # pylint: disable=protected-access
+        return optimizer.iterations.assign_add(1)
+
+    return apply_gradients_fn
+
+
+# --- A warning at compile for what is not exact under several workers ---
+
+_COMPILE_HOOKED = False
+
+
+def inexact_reason(optimizer, strategy) -> str | None:
+    """Why `optimizer` under `strategy` may lose or double updates; None when exact.
+
+    Exact: one worker, or tf_psx's strategy with `exact_updates` and a
+    tf-keras (non-legacy) optimizer. Legacy optimizers
+    (`tf.keras.optimizers.legacy.*`) apply through TF's own kernels without
+    the lock; of those only plain SGD (a scatter-add) is exact.
+    """
+    if not hasattr(strategy, "exact_updates") or getattr(strategy, "num_workers", 1) < 2:
+        return None
+    if not strategy.exact_updates:
+        return (
+            "ParameterServerStrategy(exact_updates=False): several async workers can lose or double "
+            "updates of one variable. Fix: leave exact_updates=True (the default)."
+        )
+    legacy = _compat.keras().optimizers.legacy.Optimizer
+    if isinstance(optimizer, legacy):
+        plain_sgd = type(optimizer).__name__ == "SGD" and not getattr(optimizer, "_momentum", False)
+        if not plain_sgd:
+            return (
+                f"the legacy optimizer {type(optimizer).__qualname__} applies its updates without tf_psx's "
+                "per-variable lock, so several async workers can lose or mix updates. Fix: use "
+                f"tf.keras.optimizers.{type(optimizer).__name__} (or tf_psx.optimizers.LazyAdam / SGD)."
+            )
+    return None
+
+
+def install_compile_warning() -> None:
+    """Makes tf-keras `Model.compile` warn when its optimizer is not exact under the strategy."""
+    global _COMPILE_HOOKED  # pylint: disable=global-statement
+    with _install_lock:
+        if _COMPILE_HOOKED:
+            return
+        model_class = _compat.keras().Model
+        original_compile = model_class.compile
+
+        def compile(self, *args, **kwargs):  # pylint: disable=redefined-builtin
+            result = original_compile(self, *args, **kwargs)
+            reason = inexact_reason(getattr(self, "optimizer", None), self.distribute_strategy)
+            if reason:
+                logging.getLogger("tf_psx").warning("Model %s: %s", self.name, reason)
+            return result
+
+        compile.__doc__ = original_compile.__doc__
+        compile.__wrapped__ = original_compile
+        model_class.compile = compile
+        _COMPILE_HOOKED = True

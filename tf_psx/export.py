@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import _compat
+from tf_psx import _compat, layers as _layers
 
 __all__ = ["export_serving", "UNSEEN_KEY_DEFAULT", "SERVING_SIGNATURE"]
 
@@ -45,12 +45,9 @@ _keras = _compat.keras()
 # The key under which TF Serving, `saved_model_cli` and `loaded.signatures`
 # look for the default signature.
 SERVING_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
-# What a DynamicEmbedding key never seen in training returns when served:
-# zeros. During training TFRA returns a fresh draw of the layer's initializer
-# for such a key, a different value on every call; a served model must be
-# deterministic, and a zero row is the "no information" embedding (it adds
-# nothing to a dot product or a sum pooling).
-UNSEEN_KEY_DEFAULT = 0.0
+# What a key never trained returns when served: the same row as
+# DynamicEmbedding returns for it in evaluate and predict.
+UNSEEN_KEY_DEFAULT = _layers.UNSEEN_KEY_DEFAULT
 # The file that marks a directory as a SavedModel (the only kind of directory
 # `overwrite=True` is allowed to replace).
 _SAVED_MODEL_FILE = "saved_model.pb"

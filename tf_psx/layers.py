@@ -183,24 +183,13 @@ class ShardedEmbedding(_keras.layers.Embedding):
 # two of a billion distinct strings collide is about 1e-1; for fewer keys it
 # is negligible.
 STRING_KEY_BUCKETS = 2**63 - 1
+# What a key never trained reads outside training (evaluate, predict) and in
+# the exported model: zeros, the "no information" row (it adds nothing to a
+# dot product or a sum pooling). In training TFRA draws the initializer's
+# row, different on every call, which cannot be served deterministically.
+UNSEEN_KEY_DEFAULT = 0.0
 # The spread of new rows: small, so that unseen keys barely move a prediction.
 DEFAULT_INIT_STDDEV = 0.05
-
-
-def _warn_if_several_workers(name) -> None:
-    strategy = tf.distribute.get_strategy()
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if not _compat.is_parameter_server_strategy(strategy) or resolver is None:
-        return
-    workers = len(resolver.cluster_spec().as_dict().get("worker", []))
-    if workers > 1:
-        logging.getLogger("tf_psx").warning(
-            "DynamicEmbedding %s: built for %d workers. Multi-worker hash-table training is not yet fully "
-            "trustworthy (measured on the Criteo sample: 1.3%% of the keys missing from the table and "
-            "exported predictions off by up to 7.6e-3; see the DynamicEmbedding docstring). For exact "
-            "results train it with 1 worker, or use ShardedEmbedding.",
-            name or "", workers,
-        )
 
 
 def _ps_devices() -> list[str] | None:
@@ -264,22 +253,25 @@ class DynamicEmbedding(_keras.layers.Layer):
       * Correctness with duplicate ids in a batch relies on TFRA's
         `with_unique=True` (set here): lookups are deduplicated, so gradients
         of a key arrive summed. Tested against a plain Embedding.
-      * Workers run asynchronously, and TFRA writes a trained row back as a
-        value (`upsert`; a delta only with `bp_v2=True`, TFRA 0.8.1's
-        `TrainableWrapper.update_op`): when two workers train the same key
-        at the same moment, one of the two updates can be lost (read from
-        the source, not measured). Rows are not mixed up between workers
-        (tested with 2 workers and disjoint keys).
-      * With more than one worker, trust it less than with one: on the
-        Criteo sample (examples/criteo_ps.py, 2 workers, Adagrad, 40 steps)
-        the table held 2248 and 2248 keys after two runs where 1 worker
-        gives 2278, and the exported model's predictions differed from the
-        trained model's by up to 7.6e-3 (1 worker: 6e-8). The cause is not
-        found yet; the layer logs a warning when it is built for several
-        workers.
-      * TFRA starts the Adagrad accumulator of a new key at 0, not at
-        `initial_accumulator_value` (measured with TFRA 0.8.1 in
-        tests/scripts/dynamic_two_workers.py).
+      * Several async workers train one table exactly: under
+        `tf_psx.ParameterServerStrategy(exact_updates=True)` (the default)
+        each step's update of a table runs as one unit under a lock on the
+        table's first ps task: rows and optimizer slots are read afresh from
+        the table, updated by the optimizer's own rule, and written back
+        (`tf_psx._exact_updates`). TFRA alone writes back the rows it looked
+        up before the step, so two workers training one key lost an update
+        (measured: 0.66 of the true SGD move with 2 workers). Checked
+        against the closed form for SGD, momentum SGD, Adagrad, Adam and
+        LazyAdam with 2 and 3 workers (tests/test_exact_updates.py). The
+        lock serialises the updates of one table (not of different tables).
+      * A new key's Adagrad (or Ftrl) accumulator starts at the optimizer's
+        `initial_accumulator_value`, as for a tf-keras variable; TFRA alone
+        starts it at 0.
+      * A key that was never trained reads the initializer's row (by
+        default a fresh N(0, 0.05) draw per lookup) in training and
+        evaluation; `export_serving` serves it zeros
+        (`tf_psx.export.UNSEEN_KEY_DEFAULT`). Pass
+        `initializer="zeros"` to make all three agree.
       * The per-worker buffers rely on private TF 2.16 hooks (call-time
         captures, `ClusterCoordinator._create_per_worker_resources`), kept in
         `tf_psx._compat`. Recovery of these buffers after a worker restart
@@ -299,7 +291,6 @@ class DynamicEmbedding(_keras.layers.Layer):
         de = _compat.tfra()
         _compat.install_tfra_optimizer_hook()
         _compat.install_per_worker_shadows()
-        _warn_if_several_workers(name)
         self.output_dim = int(output_dim)
         self.key_dtype = key_dtype
         if initializer is None:
@@ -308,6 +299,9 @@ class DynamicEmbedding(_keras.layers.Layer):
             # (and warns), so new keys would all start alike; TF's own
             # initializer draws afresh each time.
             initializer = tf.random_normal_initializer(0.0, DEFAULT_INIT_STDDEV)
+        elif isinstance(initializer, (str, dict)):
+            # Keras names ("zeros", "ones", "uniform", ...) as tf.keras.layers.Embedding takes them.
+            initializer = _keras.initializers.get(initializer)
         devices = tfra_kwargs.pop("devices", None) or _ps_devices()
         # TFRA names its table after the layer; two layers with TFRA's default
         # name would share one table, so the (unique) Keras name is passed on.
@@ -321,12 +315,25 @@ class DynamicEmbedding(_keras.layers.Layer):
             **tfra_kwargs,
         )
 
-    def call(self, inputs):
+    def call(self, inputs, training=None):
         if self.key_dtype == tf.string:
             keys = tf.strings.to_hash_bucket_fast(inputs, STRING_KEY_BUCKETS)
         else:
             keys = tf.cast(inputs, tf.int64)
+        if training is False:
+            # evaluate/predict: a lookup only, and a key never trained reads
+            # the same row as in the exported model. None stays the training
+            # path: custom loops often call model(x) without training=True.
+            return self._lookup_only(keys)
         return self.embedding(keys)
+
+    def _lookup_only(self, keys):
+        flat = tf.reshape(keys, [-1])
+        unique, position = tf.unique(flat)
+        values, exists = self.table.lookup(unique, return_exists=True)
+        values = tf.where(tf.reshape(exists, [-1, 1]), values, tf.fill(tf.shape(values), UNSEEN_KEY_DEFAULT))
+        out = tf.gather(values, position)
+        return tf.reshape(out, tf.concat([tf.shape(keys), [self.output_dim]], axis=0))
 
     @property
     def table(self):

@@ -71,6 +71,12 @@ def wait_until_reachable(jobs: dict, timeout_s: float) -> None:
       jobs: a cluster spec as a dict, {"worker": [...], "ps": [...], ...}.
       timeout_s: the bound on the wait, in seconds.
 
+    Attributes:
+      exact_updates: as passed.
+      num_workers: the worker tasks of the cluster.
+      cluster_config: the `tf_psx.ClusterConfig`, or None when a resolver
+        was given.
+
     Raises:
       ClusterUnreachableError: naming each task that did not listen in time.
     """
@@ -205,6 +211,12 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         accept connections before raising `ClusterUnreachableError` (TF's
         own connection waits forever); None waits as TF does.
 
+    Attributes:
+      exact_updates: as passed.
+      num_workers: the worker tasks of the cluster.
+      cluster_config: the `tf_psx.ClusterConfig`, or None when a resolver
+        was given.
+
     Raises:
       ClusterUnreachableError: a task did not listen within `connect_timeout_s`.
       TFConfigError: the cluster has no worker or no ps, or TF_CONFIG is bad.
@@ -246,8 +258,10 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
             wait_until_reachable(resolver.cluster_spec().as_dict(), connect_timeout_s)
         super().__init__(resolver, variable_partitioner=variable_partitioner)
         self.exact_updates = exact_updates
+        self.num_workers = len(resolver.cluster_spec().as_dict()["worker"])
         if exact_updates:
             _exact_updates.install()
+        _exact_updates.install_compile_warning()
 
     @property
     def coordinator(self) -> tf.distribute.experimental.coordinator.ClusterCoordinator:

@@ -24,9 +24,9 @@ parameters (m_k: occurrences of k in the batch). A worker runs one step at a
 time, so with SGD(lr = BATCH) the table row of a key of worker o must be
 exactly n_o * m_k in every entry, where n_o is the number of steps worker o
 ran and n_0 + n_1 = STEPS. With Adagrad(lr) the row must be
-lr * (1 + 1/sqrt(2) + ... + 1/sqrt(n_o)) in every entry: the step t of a key
-is lr * g / sqrt(t * g^2), because TFRA 0.8.1 starts the accumulator slot of
-a new key at 0, not at Adagrad's initial_accumulator_value (measured here).
+sum_t lr * g / sqrt(a0 + t * g^2 + eps) for t = 1..n_o, with a0 Adagrad's
+initial_accumulator_value (TFRA 0.8.1 alone starts a new key's accumulator
+at 0; tf_psx starts it at a0, as tf-keras does).
 With Adam the step of a key depends only on its gradient sequence and the
 global step, and the gradients of the keys of one worker differ only by the
 scale m_k, which Adam removes: all rows of one worker must be equal.
@@ -49,6 +49,10 @@ BASE = 10**12
 WORKER_OFFSET = 10**6
 ADAM_RTOL = 1e-3  # Adam's epsilon (1e-7) against update sizes of ~lr
 ADAGRAD_LR = 0.1
+# tf-keras Adagrad's defaults. tf_psx starts a new key's accumulator at the
+# initial value, as tf-keras does for a variable; TFRA alone (--raw) at 0.
+ADAGRAD_INITIAL_ACCUMULATOR = 0.1
+ADAGRAD_EPSILON = 1e-7
 ATOL = 1e-4  # float32 sums of a dozen steps of size <= 4
 
 # Batch layouts: slot s of worker o's flattened batch holds key index
@@ -111,8 +115,18 @@ def check(optimizer_name, table):
         if optimizer_name == "sgd":
             expected = [lambda n, o=o: n * MULT[o][:, None] for o in range(WORKERS)]
         else:
-            partial = np.concatenate([[0.0], np.cumsum(ADAGRAD_LR / np.sqrt(np.arange(1, STEPS + 1)))])
-            expected = [lambda n, o=o: np.full((KEYS[o], 1), partial[n]) for o in range(WORKERS)]
+            # Step t of key k moves lr * g / sqrt(a0 + t * g^2 + eps), g = m_k / BATCH.
+            initial = 0.0 if raw else ADAGRAD_INITIAL_ACCUMULATOR
+            t = np.arange(1, STEPS + 1)[None, :]
+            partial = [
+                np.concatenate(
+                    [np.zeros((KEYS[o], 1)),
+                     np.cumsum(ADAGRAD_LR * g / np.sqrt(initial + t * g**2 + ADAGRAD_EPSILON), axis=1)],
+                    axis=1,
+                )
+                for o, g in enumerate(m[:, None] / BATCH for m in MULT)
+            ]
+            expected = [lambda n, o=o: partial[o][:, n:n + 1] for o in range(WORKERS)]
         steps = []
         for ordinal, values in enumerate(rows):
             fits = [n for n in range(STEPS + 1) if np.allclose(values, expected[ordinal](n), atol=ATOL)]

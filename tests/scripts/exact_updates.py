@@ -113,6 +113,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--spe", type=int, default=1)
     parser.add_argument("--no-exact", action="store_true", help="TF's own update path (the baseline)")
+    parser.add_argument("--warn-check", action="store_true",
+                        help="also compile with a legacy Adam and print tf_psx's warnings")
     args = parser.parse_args(argv)
 
     ids = batch_ids()
@@ -122,7 +124,29 @@ def main(argv=None) -> int:
             for optimizer in args.optimizer:
                 result = run_pair(strategy, layer, optimizer, ids, args)
                 print("RESULT " + json.dumps(result), flush=True)
+        if args.warn_check:
+            warn_check(strategy)
     return 0
+
+
+def warn_check(strategy) -> None:
+    """Compiles with an optimizer that cannot be exact; prints tf_psx's warnings as WARNED lines."""
+    import logging  # pylint: disable=import-outside-toplevel
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            print("WARNED " + record.getMessage(), flush=True)
+
+    handler = Collect(logging.WARNING)
+    logging.getLogger("tf_psx").addHandler(handler)
+    try:
+        with strategy.scope():
+            model, _ = build_model("sharded")
+            model.compile(tf.keras.optimizers.legacy.Adam(0.01), loss=lambda y, p: p)
+            model, _ = build_model("sharded")
+            model.compile(tf.keras.optimizers.Adam(0.01), loss=lambda y, p: p)
+    finally:
+        logging.getLogger("tf_psx").removeHandler(handler)
 
 
 def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dict:
