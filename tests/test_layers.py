@@ -110,3 +110,17 @@ def test_checkpoint_from_2_ps_restores_into_3_ps(tmp_path):
     restored = run_script("reshard_checkpoint.py", "restore", str(tmp_path), "3")
     assert restored.returncode == 0, restored.stdout[-3000:] + restored.stderr[-3000:]
     assert "shards=3 identical lookups" in restored.stdout
+
+
+def test_balanced_permutation_refuses_ids_out_of_range():
+    with pytest.raises(ValueError, match=r"must be in \[0, input_dim=5\); received id 7\. Fix: hash or clip"):
+        tf_psx.layers.balanced_permutation(np.array([1, 7]), 5)
+    with pytest.raises(ValueError, match=r"received id -1"):
+        tf_psx.layers.balanced_permutation(np.array([-1]), 5)
+    with pytest.raises(ValueError, match=r"must be integers\. Received dtype: float64"):
+        tf_psx.layers.balanced_permutation(np.array([1.0]), 5)
+
+
+def test_dynamic_embedding_without_unique_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"`with_unique` of DynamicEmbedding must be True.*Received: False\. Fix: drop"):
+        tf_psx.layers.DynamicEmbedding(4, with_unique=False)

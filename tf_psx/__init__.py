@@ -26,8 +26,9 @@ _EXPORTS = {
     "ClusterUnreachableError": "tf_psx.strategies",
     "Keras3Error": "tf_psx._compat",
     "export_serving": "tf_psx.export",
+    "unsharded_weights": "tf_psx.weights",
 }
-_SUBMODULES = ("partitioners", "data", "cluster", "local", "strategies", "optimizers", "layers", "callbacks", "launch")
+_SUBMODULES = ("partitioners", "data", "cluster", "local", "strategies", "optimizers", "layers", "callbacks", "launch", "weights")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

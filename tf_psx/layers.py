@@ -58,9 +58,21 @@ def balanced_permutation(ids: np.ndarray, input_dim: int) -> np.ndarray:
 
     Returns:
       int64 array of the same shape: the storage rows.
+
+    Raises:
+      ValueError: an id outside [0, input_dim) (it would wrap onto another id's row).
     """
-    multiplier = _balance_multiplier(input_dim)
-    return (np.asarray(ids, dtype=np.int64) * multiplier) % input_dim
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        raise ValueError(f"Argument `ids` of balanced_permutation must be integers. Received dtype: {ids.dtype}.")
+    ids = ids.astype(np.int64)
+    bad = ids[(ids < 0) | (ids >= input_dim)]
+    if bad.size:
+        raise ValueError(
+            f"Argument `ids` of balanced_permutation must be in [0, input_dim={input_dim}); received id "
+            f"{int(bad[0])}. {_RANGE_FIX}"
+        )
+    return (ids * _balance_multiplier(input_dim)) % input_dim
 
 
 class ShardedEmbedding(_keras.layers.Embedding):
@@ -288,6 +300,13 @@ class DynamicEmbedding(_keras.layers.Layer):
                 f"Argument `key_dtype` of DynamicEmbedding must be tf.int64 or tf.string. Received: {key_dtype!r}. "
                 "Fix: cast int32 ids to tf.int64."
             )
+        if tfra_kwargs.get("with_unique", True) is not True:
+            raise ValueError(
+                "Argument `with_unique` of DynamicEmbedding must be True (duplicate keys of a batch are "
+                f"looked up once and their gradients summed; without it they are wrong). Received: "
+                f"{tfra_kwargs['with_unique']!r}. Fix: drop the argument."
+            )
+        tfra_kwargs.pop("with_unique", None)
         de = _compat.tfra()
         _compat.install_tfra_optimizer_hook()
         _compat.install_per_worker_shadows()

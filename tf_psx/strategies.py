@@ -18,7 +18,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.distribute.coordinator import cluster_coordinator as _cc
 
-from tf_psx import _compat, _exact_updates, partitioners as _partitioners
+from tf_psx import _compat, _exact_updates, partitioners as _partitioners, weights as _weights
 from tf_psx.cluster import ClusterConfig, TFConfigError
 from tf_psx.local import LocalCluster, port_is_listening
 
@@ -262,6 +262,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         if exact_updates:
             _exact_updates.install()
         _exact_updates.install_compile_warning()
+        _weights.install()
 
     @property
     def coordinator(self) -> tf.distribute.experimental.coordinator.ClusterCoordinator:

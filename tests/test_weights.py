@@ -1,0 +1,60 @@
+"""Weights between a local model and a sharded cluster model (session cluster, fixed:2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_psx
+
+
+def _model(layer="stock"):
+    inputs = tf.keras.Input((2,), dtype=tf.int64)
+    if layer == "stock":
+        emb = tf.keras.layers.Embedding(100, 4)
+    else:
+        emb = tf_psx.layers.ShardedEmbedding(100, 4)
+    out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(emb(inputs)))
+    return tf.keras.Model(inputs, out)
+
+
+@pytest.mark.parametrize("layer", ["stock", "sharded"])
+def test_local_and_cluster_models_exchange_weights(ps_strategy, layer):
+    local = _model(layer)
+    rng = np.random.default_rng(0)
+    local.set_weights([rng.normal(size=w.shape).astype("float32") for w in local.get_weights()])
+    with ps_strategy.scope():
+        remote = _model(layer)
+    # TF's own list: every shard separately (fixed:2 splits the table and the kernel).
+    assert [w.shape for w in remote.get_weights()] == [(50, 4), (50, 4), (4, 1), (4, 1), (1,)]
+    assert [w.shape for w in tf_psx.unsharded_weights(remote)] == [(100, 4), (8, 1), (1,)]
+
+    # Local -> cluster with the unsharded list; the models then agree.
+    remote.set_weights(local.get_weights())
+    for got, want in zip(tf_psx.unsharded_weights(remote), local.get_weights()):
+        np.testing.assert_array_equal(got, want)
+    ids = rng.integers(0, 100, (16, 2))
+    np.testing.assert_allclose(remote.predict(ids, verbose=0), local.predict(ids, verbose=0), atol=1e-6)
+
+    # Cluster -> local, with TF's shard list and with the unsharded list.
+    moved = [w + 1.0 for w in tf_psx.unsharded_weights(remote)]
+    remote.set_weights(moved)
+    fresh = _model(layer)
+    fresh.set_weights(remote.get_weights())
+    for got, want in zip(fresh.get_weights(), moved):
+        np.testing.assert_array_equal(got, want)
+    again = _model(layer)
+    again.set_weights(tf_psx.unsharded_weights(remote))
+    for got, want in zip(again.get_weights(), moved):
+        np.testing.assert_array_equal(got, want)
+    # TF's shard list still works on the cluster model.
+    remote.set_weights(remote.get_weights())
+
+
+def test_wrong_unsharded_shape_names_the_weight(ps_strategy):
+    with ps_strategy.scope():
+        remote = _model()
+    weights = [np.zeros((99, 4), np.float32), np.zeros((8, 1), np.float32), np.zeros((1,), np.float32)]
+    with pytest.raises(ValueError, match=r"sharded in 2 parts of total shape \(100, 4\); received an array of shape \(99, 4\)"):
+        remote.set_weights(weights)
