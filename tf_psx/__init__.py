@@ -25,6 +25,7 @@ _EXPORTS = {
     "LocalResourcesError": "tf_psx.strategies",
     "ClusterUnreachableError": "tf_psx.strategies",
     "Keras3Error": "tf_psx._compat",
+    "DynamicEmbeddingSaveError": "tf_psx._compat",
     "export_serving": "tf_psx.export",
     "unsharded_weights": "tf_psx.weights",
 }

@@ -252,7 +252,31 @@ def install_tfra_optimizer_hook() -> None:
     compile.__doc__ = original_compile.__doc__
     compile.__wrapped__ = original_compile
     model_class.compile = compile
+
+    # tf-keras's SavedModel of a model with TFRA tables loads only where the
+    # TFRA ops are registered, and TF Serving has none: a model that cannot
+    # serve, written without a word. Refuse and name the alternatives.
+    original_save = model_class.save
+
+    def save(self, filepath, *args, **kwargs):
+        if _model_has_dynamic_embedding(self):
+            raise DynamicEmbeddingSaveError(
+                f"Model {self.name} holds a tf_psx.layers.DynamicEmbedding; Model.save({str(filepath)!r}) would "
+                "write a SavedModel that needs TFRA's ops to load and cannot serve in plain TensorFlow or TF "
+                "Serving. Fix: tf_psx.export_serving(model, path) for a model that serves anywhere; "
+                "model.save_weights(path), tf.keras.callbacks.ModelCheckpoint(..., save_weights_only=True) or "
+                "tf_psx.callbacks.PeriodicSync for checkpoints to resume from."
+            )
+        return original_save(self, filepath, *args, **kwargs)
+
+    save.__doc__ = original_save.__doc__
+    save.__wrapped__ = original_save
+    model_class.save = save
     _TFRA_HOOK_INSTALLED = True
+
+
+class DynamicEmbeddingSaveError(ValueError):
+    """Model.save of a model with TFRA tables, which would not serve; names the alternatives."""
 
 
 # --- Hooks for tf_psx.callbacks (written against tf-keras 2.16, TF 2.16.2) ---
