@@ -276,3 +276,20 @@ def test_per_ps_partitioner_is_not_bound_in_place(local_cluster):
     strategy = tf_psx.ParameterServerStrategy(local_cluster, partitioner)
     assert partitioner.num_ps is None
     assert strategy.extended._variable_partitioner.num_ps == 2  # pylint: disable=protected-access
+
+
+def test_central_storage_tf_signature_and_usage():
+    import inspect  # pylint: disable=import-outside-toplevel
+
+    tf_params = inspect.signature(tf.distribute.experimental.CentralStorageStrategy.__init__).parameters
+    ours = inspect.signature(tf_psx.CentralStorageStrategy.__init__).parameters
+    assert [(n, p.default) for n, p in ours.items()] == [(n, p.default) for n, p in tf_params.items()]
+    # TF's documented usage, the class swapped: positional and keyword forms.
+    for strategy in (tf_psx.CentralStorageStrategy(["/cpu:0"], "/cpu:0"),
+                     tf_psx.CentralStorageStrategy(compute_devices=None, parameter_device=None)):
+        with strategy.scope():
+            model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(1)])
+            model.compile(tf.keras.optimizers.SGD(0.1), "mse")
+        x = np.ones((32, 3), np.float32)
+        history = model.fit(x, 3 * x[:, :1], epochs=2, batch_size=8, verbose=0)
+        assert history.history["loss"][-1] < history.history["loss"][0]
