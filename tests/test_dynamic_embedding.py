@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tf_psx
-from tf_psx import _compat
+from tf_psx._tf import shadows as _shadows, tfra as _tfra
 from tf_psx.layers import DynamicEmbedding
 
 from conftest import run_script
@@ -111,7 +111,7 @@ def test_table_lives_on_the_ps_tasks_and_keys_spread(ps_strategy):
     slots = shadow._tracked_slots  # pylint: disable=protected-access
     assert len(slots) == 1  # Adagrad's accumulator
     for buffer in [shadow, shadow.ids, shadow.exists, *slots]:
-        assert isinstance(buffer, _compat._PerWorkerHandle), type(buffer).__mro__  # pylint: disable=protected-access
+        assert isinstance(buffer, _shadows._PerWorkerHandle), type(buffer).__mro__  # pylint: disable=protected-access
 
 
 def test_string_keys_are_hashed_and_grow_the_table():
@@ -130,8 +130,8 @@ def test_string_keys_are_hashed_and_grow_the_table():
 
 def test_shadows_without_a_strategy_stay_plain_variables():
     layer = DynamicEmbedding(2)
-    assert not isinstance(layer.embedding.shadow, _compat._PerWorkerHandle)  # pylint: disable=protected-access
-    assert not isinstance(layer.embedding.shadow.ids, _compat._PerWorkerHandle)  # pylint: disable=protected-access
+    assert not isinstance(layer.embedding.shadow, _shadows._PerWorkerHandle)  # pylint: disable=protected-access
+    assert not isinstance(layer.embedding.shadow.ids, _shadows._PerWorkerHandle)  # pylint: disable=protected-access
 
 
 TWO_WORKER_OPTIMIZERS = ("sgd", "adagrad", "adam")
@@ -172,6 +172,6 @@ def test_checkpoint_restores_tables_and_slots_in_a_new_process(tmp_path):
 def test_tfra_import_leaves_keras3_initializers_working():
     import keras  # Keras 3
 
-    _compat.tfra()
+    _tfra.tfra()
     layer = keras.layers.Dense(2, kernel_initializer="glorot_uniform")
     assert layer(np.ones((1, 3), "float32")).shape == (1, 2)

@@ -16,7 +16,8 @@ import json
 import pytest
 import tensorflow as tf
 
-from tf_psx import _compat, _exact_updates
+from tf_psx._tf import tfra as _tfra
+from tf_psx._tf import exact_updates as _exact_updates
 
 from conftest import run_script
 
@@ -76,7 +77,7 @@ def test_private_hooks_are_where_they_were_read():
     optimizer = tf.keras.optimizers.Adam()
     assert "_iterations" in optimizer.__dict__
     assert hasattr(tf, "CriticalSection")
-    tfra_optimizer = _compat.wrap_tfra_optimizer(tf.keras.optimizers.Adagrad())
+    tfra_optimizer = _tfra.wrap_tfra_optimizer(tf.keras.optimizers.Adagrad())
     assert "_distributed_apply_gradients_fn" in tfra_optimizer.__dict__
 
 

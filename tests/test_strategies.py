@@ -8,7 +8,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import sharded_variable
 
 import tf_psx
-from tf_psx import _compat
+from tf_psx._tf import keras as _tf_keras
 
 from conftest import run_script
 
@@ -172,7 +172,7 @@ def test_keras3_model_gets_a_clear_error(ps_strategy):
 
 
 def test_tf_keras_is_routed_to_tf_keras():
-    assert _compat.tf_keras_is_legacy()
+    assert _tf_keras.tf_keras_is_legacy()
     assert tf.keras.layers.Dense.__module__.startswith("tf_keras")
 
 

@@ -2,7 +2,7 @@
 
 Importing tf_psx is quiet and cheap: TensorFlow is imported only when a name
 that needs it is first used. The import routes `tf.keras` to tf-keras (see
-`_compat.py`).
+`tf_psx/_tf/keras.py`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import logging as _logging
 
-from tf_psx import _compat  # noqa: F401  (sets TF_USE_LEGACY_KERAS before tf.keras loads)
+from tf_psx._tf import keras as _tf_keras  # noqa: F401  (sets TF_USE_LEGACY_KERAS before tf.keras loads)
 
 __version__ = "0.1.0"
 
@@ -24,12 +24,13 @@ _EXPORTS = {
     "auto_strategy": "tf_psx.strategies",
     "LocalResourcesError": "tf_psx.strategies",
     "ClusterUnreachableError": "tf_psx.strategies",
-    "Keras3Error": "tf_psx._compat",
-    "DynamicEmbeddingSaveError": "tf_psx._compat",
+    "Keras3Error": "tf_psx.errors",
+    "DynamicEmbeddingSaveError": "tf_psx.errors",
+    "TFPSXError": "tf_psx.errors",
     "export_serving": "tf_psx.export",
     "unsharded_weights": "tf_psx.weights",
 }
-_SUBMODULES = ("partitioners", "data", "cluster", "local", "strategies", "optimizers", "layers", "callbacks", "launch", "weights")
+_SUBMODULES = ("partitioners", "data", "cluster", "local", "strategies", "optimizers", "layers", "callbacks", "launch", "weights", "errors")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

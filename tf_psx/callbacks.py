@@ -12,7 +12,7 @@
 All three run their batch hooks under `ParameterServerStrategy` (they accept
 remote values: `_supports_tf_logs`). The per-step measurements are made by one
 shared probe per model (`_StepProbe`), which wraps `train_step` and the
-optimizer's apply through `tf_psx._compat`; the public classes only configure
+optimizer's apply through `tf_psx._tf.fit_hooks`; the public classes only configure
 it and read it.
 """
 
@@ -32,12 +32,13 @@ from typing import Any, Literal
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import _compat
+from tf_psx._tf import checkpoint as _checkpoint, fit_hooks as _fit_hooks, keras as _tf_keras, runtime as _runtime
+from tf_psx._tf import tfra as _tfra
 
 __all__ = ["StalenessBound", "PeriodicSync", "ClusterMonitor", "Snapshot"]
 
 logger = logging.getLogger("tf_psx")
-_keras = _compat.keras()
+_keras = _tf_keras.keras()
 
 Policy = Literal["drop", "scale"]
 POLICIES = ("drop", "scale")
@@ -127,7 +128,7 @@ class _StepProbe:
     def __init__(self, model):
         self._model = weakref.ref(model)
         strategy = model.distribute_strategy
-        self.is_ps = _compat.is_parameter_server_strategy(strategy)
+        self.is_ps = _runtime.is_parameter_server_strategy(strategy)
         self.enabled = self.is_ps or strategy.num_replicas_in_sync == 1
         self.policy: tuple[str, int] | None = None
         self._holders: dict[int, tuple[str, int] | None] = {}
@@ -205,18 +206,18 @@ class _StepProbe:
             return
         self._uninstall(rebuild=False)
         self._undo = [
-            _compat.wrap_train_step(model, self._wrap_train_step),
-            _compat.wrap_optimizer_apply(model.optimizer, self._wrap_apply),
+            _fit_hooks.wrap_train_step(model, self._wrap_train_step),
+            _fit_hooks.wrap_optimizer_apply(model.optimizer, self._wrap_apply),
         ]
         self._installed = wanted
-        _compat.rebuild_train_function(model)
+        _fit_hooks.rebuild_train_function(model)
 
     def _uninstall(self, rebuild: bool = True) -> None:
         for undo in reversed(self._undo):
             undo()
         self._undo = []
         if self._installed is not None and rebuild and self._model() is not None:
-            _compat.forget_train_function(self._model())
+            _fit_hooks.forget_train_function(self._model())
         self._installed = None
 
     # -- the wrappers (run while tf.function traces a step) ------------------
@@ -619,9 +620,9 @@ def _tfra_scratch_types() -> tuple:
     the last batch, are written into snapshots, and are never matched on
     restore (TFRA 0.8.1). The state they stand for is the table.
     """
-    if not _compat.tfra_loaded():
+    if not _tfra.tfra_loaded():
         return ()
-    de = _compat.tfra()
+    de = _tfra.tfra()
     return (de.TrainableWrapper, de.shadow_ops.DEResourceVariable)
 
 
@@ -654,16 +655,7 @@ def _required_state(model) -> list:
 
 
 def _restored_ids(status) -> set[int]:
-    """ids of the Python objects that a `tf.train.Checkpoint.read` matched.
-
-    TF 2.16 keeps them in `status._checkpoint.object_by_proto_id` (a
-    WeakValueDictionary: node of the saved object graph -> the object it was
-    restored into). `status.assert_existing_objects_matched()` reads the same
-    map but cannot be used as it is: it also fails on TFRA's lookup buffers
-    (`_tfra_scratch_types`), which no snapshot restores, and names at most
-    ten objects, by their full values.
-    """
-    return {id(obj) for obj in status._checkpoint.object_by_proto_id.values()}  # pylint: disable=protected-access
+    return _checkpoint.restored_ids(status)
 
 
 def _remove(path: str, why: str) -> None:
@@ -797,7 +789,7 @@ class PeriodicSync(_RunCallback):
         super().on_train_begin(logs)
         model = self.model
         strategy = model.distribute_strategy
-        self._is_ps = _compat.is_parameter_server_strategy(strategy)
+        self._is_ps = _runtime.is_parameter_server_strategy(strategy)
         self._writes = bool(getattr(strategy.extended, "should_checkpoint", True))
         self._seconds = _SNAPSHOT_SECONDS.setdefault(model, [])
         if model.optimizer is not None and not getattr(model.optimizer, "_built", False):
@@ -816,7 +808,7 @@ class PeriodicSync(_RunCallback):
         self._step, self._resume_in_epoch = 0, 0
         if self.restored is not None:
             epoch, in_epoch = self.restored.resume_point(steps)
-            _compat.set_initial_counters(model, epoch, in_epoch)
+            _fit_hooks.set_initial_counters(model, epoch, in_epoch)
             self._step, self._resume_in_epoch = self.restored.step, in_epoch
             logger.info("PeriodicSync: restored %s (step %d); fit continues at epoch %d, step %d",
                         self.restored.path, self.restored.step, epoch + 1, in_epoch)
@@ -884,7 +876,7 @@ class PeriodicSync(_RunCallback):
     def on_train_end(self, logs=None):
         if self._step > self._last_saved:
             self._snapshot()
-        _compat.clear_initial_counters(self.model)
+        _fit_hooks.clear_initial_counters(self.model)
 
     def _snapshot(self) -> None:
         start = time.perf_counter()
@@ -1029,7 +1021,7 @@ class ClusterMonitor(_RunCallback):
         model = self.model
         self._probe = _probe(model)
         self._probe.acquire(self, None)
-        self._retries = _compat.closure_retries(_coordinator(model)) if self._probe.is_ps else None
+        self._retries = _runtime.closure_retries(_coordinator(model)) if self._probe.is_ps else None
         self._retries_start = self._retries.count if self._retries else 0
         if self._writer is None:
             with tf.init_scope():
@@ -1091,7 +1083,7 @@ class ClusterMonitor(_RunCallback):
 
     def _ps_bytes(self) -> dict[str, float]:
         model = self.model
-        num_ps = model.distribute_strategy.extended._num_ps  # pylint: disable=protected-access
+        num_ps = _runtime.num_ps(model.distribute_strategy)
         variable_bytes = [0] * num_ps
         table_bytes = [0] * num_ps
         seen = set()

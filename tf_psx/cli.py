@@ -40,6 +40,7 @@ from typing import Any
 import yaml
 
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig, TFConfigError
+from tf_psx.errors import CommandError
 from tf_psx.k8s import DEFAULT_PORT, ManifestError, tfjob_manifest
 
 __all__ = ["CommandError", "main"]
@@ -70,10 +71,6 @@ _K8S_OPTION_LABELS = {
     "namespace": "Option `--namespace`",
     "port": "Option `--port`",
 }
-
-
-class CommandError(ValueError):
-    """A command-line input is invalid; the message names the option and the fix."""
 
 
 # --- config ----------------------------------------------------------------

@@ -31,6 +31,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tf_psx.errors import TFConfigError
+
 if TYPE_CHECKING:  # Only for annotations: importing this module must stay TF-free.
     import tensorflow as tf
 
@@ -82,22 +84,6 @@ _HOSTNAME_RE = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*\Z")
 _NUMERIC_HOST_RE = re.compile(r"[0-9.]+\Z")
 _PORT_RE = re.compile(r"[0-9]+\Z")
 _BRACKETED_RE = re.compile(r"\[(?P<host>[^\[\]]*)\](?::(?P<port>.*))?\Z", re.DOTALL)
-
-
-class TFConfigError(ValueError):
-    """A cluster description (TF_CONFIG or `ClusterConfig` arguments) is invalid.
-
-    The message names the JSON path or argument, the expected form, the value
-    received and the fix.
-
-    Example:
-
-    >>> try:
-    ...     ClusterConfig(workers=["w0:2222"], ps=["ps0"])
-    ... except TFConfigError as err:
-    ...     print(str(err).split(";")[0])
-    ps[0] must be "host:port" (a hostname, IPv4 address or [IPv6] address, then a port 1..65535)
-    """
 
 
 def _show(value: Any) -> str:
@@ -628,7 +614,7 @@ class ClusterConfig:
         >>> cfg.validate_for_parameter_server()  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        tf_psx.cluster.TFConfigError: TF_CONFIG["cluster"] has no "ps" job; ...
+        tf_psx.errors.TFConfigError: TF_CONFIG["cluster"] has no "ps" job; ...
         """
         for task_type in PS_REQUIRED_TASK_TYPES:
             if task_type not in self._jobs:

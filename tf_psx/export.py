@@ -34,13 +34,14 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import _compat, layers as _layers
+from tf_psx import layers as _layers
+from tf_psx._tf import keras as _tf_keras, runtime as _runtime
 
 __all__ = ["export_serving", "UNSEEN_KEY_DEFAULT", "SERVING_SIGNATURE"]
 
 logger = logging.getLogger("tf_psx")
 
-_keras = _compat.keras()
+_keras = _tf_keras.keras()
 
 # The key under which TF Serving, `saved_model_cli` and `loaded.signatures`
 # look for the default signature.
@@ -99,7 +100,7 @@ class _ServingModule(tf.Module):
         super().__init__(name="tf_psx_serving")
         self._model = model
         self.model_variables = list(model.variables)
-        self.tables = [layer.table for layer in model._flatten_layers() if isinstance(layer, _ServingDynamicEmbedding)]  # pylint: disable=protected-access
+        self.tables = [layer.table for layer in _runtime.flatten_layers(model) if isinstance(layer, _ServingDynamicEmbedding)]
         self._output_names = list(output_names)
         self.serve = tf.function(self._serve, input_signature=[input_signature])
 
@@ -112,7 +113,7 @@ class _ServingModule(tf.Module):
 
 
 def _check_model(model) -> None:
-    _compat.check_not_keras3(model, "model passed to export_serving")
+    _tf_keras.check_not_keras3(model, "model passed to export_serving")
     if not isinstance(model, _keras.Model):
         raise TypeError(
             "Argument `model` of export_serving must be a tf-keras Model (tf.keras.Model after "
@@ -358,7 +359,7 @@ def export_serving(model, path: str, *, overwrite: bool = False) -> str:
         serving = _keras.models.clone_model(model, clone_function=_clone_layer)
     from tf_psx.layers import DynamicEmbedding  # pylint: disable=import-outside-toplevel
 
-    nested = [layer.name for layer in serving._flatten_layers() if isinstance(layer, DynamicEmbedding)]  # pylint: disable=protected-access
+    nested = [layer.name for layer in _runtime.flatten_layers(serving) if isinstance(layer, DynamicEmbedding)]
     if nested:
         raise ValueError(
             f"export_serving: DynamicEmbedding layer(s) {nested} sit inside a custom layer, where they "

@@ -30,8 +30,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from tf_psx._compat import GRPC_FAIL_FAST_ENV, GRPC_FAIL_FAST_VALUE
+from tf_psx._tf.runtime import GRPC_FAIL_FAST_ENV, GRPC_FAIL_FAST_VALUE
 from tf_psx.cluster import PORT_RANGE
+from tf_psx.errors import ManifestError
 
 __all__ = ["ManifestError", "operator_tf_config", "tfjob_manifest"]
 
@@ -111,32 +112,6 @@ _DECIMAL = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
 _QUANTITY_RE = re.compile(rf"{_DECIMAL}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_DECIMAL}))?\Z")
 _EXAMPLE_NAME = "ctr-train"
 _QUANTITY_EXAMPLES = {"cpu": '"4" or "500m"', "memory": '"16Gi" or "512Mi"'}
-
-
-class ManifestError(ValueError):
-    """An argument of `tfjob_manifest` or `operator_tf_config` is invalid.
-
-    The message names the argument, the expected form, the value received and
-    the fix. `argument` and `detail` let a command line name its own option:
-    the message is "Argument `<argument>` <detail>".
-
-    Example:
-
-    >>> try:
-    ...     tfjob_manifest("ctr", "img", ["python", "train.py"], workers=0, ps=1)
-    ... except ManifestError as err:
-    ...     print(err.argument, "|", str(err).split(";")[0])
-    workers | Argument `workers` must be an int >= 1 (the number of Worker replicas)
-    """
-
-    def __init__(self, argument: str, detail: str) -> None:
-        super().__init__(f"Argument `{argument}` {detail}")
-        self.argument = argument
-        self.detail = detail
-
-    def renamed(self, label: str) -> str:
-        """The message with `label` (e.g. "Option `--workers`") naming the value."""
-        return f"{label} {self.detail}"
 
 
 def _show(value: Any) -> str:

@@ -97,8 +97,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from tf_psx import _compat
+from tf_psx._tf import keras as _tf_keras, runtime as _runtime
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig
+from tf_psx.errors import LaunchError
 from tf_psx.local import LOOPBACK, TASK_START_TIMEOUT_S, free_ports
 
 __all__ = [
@@ -162,10 +163,6 @@ _IFREQ = "16sH22x"  # struct ifreq: the name, then the flags, padded to 40 bytes
 _PR_SET_PDEATHSIG = 1
 
 
-class LaunchError(ValueError):
-    """An argument of `Launcher` (or `tf-psx launch`) is invalid."""
-
-
 # --- helpers for the training command ----------------------------------------
 
 
@@ -227,7 +224,7 @@ def run_sidecar_evaluator(model, data, steps: int | None = None, directory: str 
 
     from tf_psx.callbacks import PeriodicSync  # pylint: disable=import-outside-toplevel
 
-    keras = _compat.keras()
+    keras = _tf_keras.keras()
     directory = directory or snapshot_dir()
     if not directory:
         raise LaunchError(
@@ -594,7 +591,7 @@ class Launcher:
         )
         base = dict(os.environ)
         base.pop(_ISOLATED_ENV, None)
-        base[_compat.GRPC_FAIL_FAST_ENV] = _compat.GRPC_FAIL_FAST_VALUE
+        base[_runtime.GRPC_FAIL_FAST_ENV] = _runtime.GRPC_FAIL_FAST_VALUE
         # Lines must reach the prefixer as they are printed, not when a buffer fills.
         base["PYTHONUNBUFFERED"] = "1"
         server_env = dict(base)

@@ -15,11 +15,11 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import _compat
+from tf_psx._tf import keras as _tf_keras, runtime as _runtime, shadows as _shadows, tfra as _tfra
 
 __all__ = ["ShardedEmbedding", "DynamicEmbedding", "balanced_permutation"]
 
-_keras = _compat.keras()
+_keras = _tf_keras.keras()
 
 # The golden ratio conjugate. Multiplying ids by the integer nearest to
 # N * phi (mod N) is a Weyl sequence: the first k ids land evenly over
@@ -207,10 +207,9 @@ DEFAULT_INIT_STDDEV = 0.05
 def _ps_devices() -> list[str] | None:
     """The ps task devices of the current ParameterServerStrategy, else None."""
     strategy = tf.distribute.get_strategy()
-    if not getattr(strategy, "_should_use_with_coordinator", False):
+    if not _runtime.is_parameter_server_strategy(strategy):
         return None
-    num_ps = strategy.extended._num_ps  # pylint: disable=protected-access  (set by TF 2.16's PS extended)
-    return [f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(num_ps)]
+    return [f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(_runtime.num_ps(strategy))]
 
 
 class DynamicEmbedding(_keras.layers.Layer):
@@ -224,7 +223,7 @@ class DynamicEmbedding(_keras.layers.Layer):
 
     The optimizer needs TFRA's wrapping (`de.DynamicEmbeddingOptimizer`) to
     train these tables; `Model.compile` does it for any model holding a
-    DynamicEmbedding (`tf_psx._compat.install_tfra_optimizer_hook`).
+    DynamicEmbedding (`_tfra.install_tfra_optimizer_hook`).
 
     Several workers may train at once: TFRA keeps the rows a step looked up
     in "shadow" buffers, which TFRA 0.8.1 alone puts on the coordinator,
@@ -233,7 +232,7 @@ class DynamicEmbedding(_keras.layers.Layer):
     workers' batches have the same number of distinct keys SGD silently
     applies one worker's gradients to the other worker's rows). Under a
     ParameterServerStrategy each worker gets its own buffers
-    (`tf_psx._compat.install_per_worker_shadows`); tested with 2 workers
+    (`_shadows.install_per_worker_shadows`); tested with 2 workers
     against the exact rows (tests/scripts/dynamic_two_workers.py).
 
     Example:
@@ -270,7 +269,7 @@ class DynamicEmbedding(_keras.layers.Layer):
         each step's update of a table runs as one unit under a lock on the
         table's first ps task: rows and optimizer slots are read afresh from
         the table, updated by the optimizer's own rule, and written back
-        (`tf_psx._exact_updates`). TFRA alone writes back the rows it looked
+        (`tf_psx._tf.exact_updates`). TFRA alone writes back the rows it looked
         up before the step, so two workers training one key lost an update
         (measured: 0.66 of the true SGD move with 2 workers). Checked
         against the closed form for SGD, momentum SGD, Adagrad, Adam and
@@ -286,7 +285,7 @@ class DynamicEmbedding(_keras.layers.Layer):
         `initializer="zeros"` to make all three agree.
       * The per-worker buffers rely on private TF 2.16 hooks (call-time
         captures, `ClusterCoordinator._create_per_worker_resources`), kept in
-        `tf_psx._compat`. Recovery of these buffers after a worker restart
+        `tf_psx._tf.shadows`. Recovery of these buffers after a worker restart
         is TF's resource re-creation and is not tested here.
     """
 
@@ -307,9 +306,9 @@ class DynamicEmbedding(_keras.layers.Layer):
                 f"{tfra_kwargs['with_unique']!r}. Fix: drop the argument."
             )
         tfra_kwargs.pop("with_unique", None)
-        de = _compat.tfra()
-        _compat.install_tfra_optimizer_hook()
-        _compat.install_per_worker_shadows()
+        de = _tfra.tfra()
+        _tfra.install_tfra_optimizer_hook()
+        _shadows.install_per_worker_shadows()
         self.output_dim = int(output_dim)
         self.key_dtype = key_dtype
         if initializer is None:
@@ -367,3 +366,7 @@ class DynamicEmbedding(_keras.layers.Layer):
         config = super().get_config()
         config.update({"output_dim": self.output_dim, "key_dtype": self.key_dtype.name})
         return config
+
+
+# How the Model hooks of the door recognise this layer without importing it.
+setattr(DynamicEmbedding, _tfra.HASH_TABLE_LAYER_ATTR, True)

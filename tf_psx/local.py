@@ -22,8 +22,9 @@ import tempfile
 import time
 from typing import Any
 
-from tf_psx import _compat
+from tf_psx._tf import runtime as _runtime
 from tf_psx.cluster import ClusterConfig
+from tf_psx.errors import TaskFailedError
 
 LOOPBACK = "127.0.0.1"
 # A task process imports TensorFlow (about 3 s on 2 cores, 10 to 20 s on a
@@ -53,10 +54,6 @@ _INPROCESS_SERVERS: dict[tuple[int, int], tuple[ClusterConfig, list[Any]]] = {}
 # only their stacks.
 INPROCESS_INTER_OP_THREADS = 64
 MAX_INPROCESS_WORKERS = INPROCESS_INTER_OP_THREADS - 1
-
-
-class TaskFailedError(RuntimeError):
-    """A LocalCluster task process exited before or while it was needed."""
 
 
 def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
@@ -197,7 +194,7 @@ class LocalCluster:
         """Starts every task and waits until each one listens."""
         if self._started:
             return self
-        _compat.set_grpc_fail_fast()
+        _runtime.set_grpc_fail_fast()
         if self.processes:
             self._start_processes()
         else:
@@ -320,7 +317,7 @@ class LocalCluster:
         task_type, index = key
         env = dict(os.environ)
         env["TF_CONFIG"] = self.config.to_json(task_type, index)
-        env[_compat.GRPC_FAIL_FAST_ENV] = _compat.GRPC_FAIL_FAST_VALUE
+        env[_runtime.GRPC_FAIL_FAST_ENV] = _runtime.GRPC_FAIL_FAST_VALUE
         # Keep the task's TF quiet and on the CPU; the chief owns any GPU.
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env.setdefault("CUDA_VISIBLE_DEVICES", "")

@@ -54,10 +54,10 @@ def server_config(task_type: str, num_workers: int, inter_op_threads: int | None
 def main(argv: list[str] | None = None) -> int:
     """Starts the task named by TF_CONFIG and blocks until it is signalled."""
     del argv
-    from tf_psx import _compat  # pylint: disable=import-outside-toplevel
+    from tf_psx._tf import runtime as _runtime, tfra as _tfra  # pylint: disable=import-outside-toplevel
     from tf_psx.cluster import ClusterConfig, TFConfigError  # pylint: disable=import-outside-toplevel
 
-    _compat.set_grpc_fail_fast()
+    _runtime.set_grpc_fail_fast()
     try:
         config = ClusterConfig.from_tf_config()
         if config.task_type not in ("worker", "ps"):
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     # custom ops ("TFRA>CuckooHashTableOfTensors"); a server that has not
     # loaded them fails every such op with "is neither a type of a primitive
     # operation nor a name of a function registered in binary".
-    if not _compat.load_tfra_ops():
+    if not _tfra.load_tfra_ops():
         print("tf_psx.server: tensorflow-recommenders-addons is not importable; "
               "DynamicEmbedding tables cannot live on this task", file=sys.stderr, flush=True)
 

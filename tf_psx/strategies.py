@@ -16,10 +16,12 @@ import time
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.distribute.coordinator import cluster_coordinator as _cc
 
-from tf_psx import _compat, _exact_updates, partitioners as _partitioners, weights as _weights
-from tf_psx.cluster import ClusterConfig, TFConfigError
+from tf_psx import partitioners as _partitioners, weights as _weights
+from tf_psx._tf import exact_updates as _exact_updates, keras as _tf_keras, runtime as _runtime, tfra as _tfra
+from tf_psx._tf import weights as _weights_hook
+from tf_psx.cluster import ClusterConfig
+from tf_psx.errors import ClusterUnreachableError, Keras3Error, LocalResourcesError, TFConfigError
 from tf_psx.local import LocalCluster, port_is_listening
 
 __all__ = [
@@ -50,10 +52,6 @@ _SERVER_TASKS = ("worker", "ps")
 CONNECT_TIMEOUT_S = 60.0
 # How often an unreachable task is tried again while waiting.
 CONNECT_POLL_S = 0.5
-
-
-class ClusterUnreachableError(TFConfigError):
-    """A worker or ps task did not accept connections in time."""
 
 
 def _address_listens(address: str) -> bool:
@@ -94,10 +92,6 @@ def wait_until_reachable(jobs: dict, timeout_s: float) -> None:
                 "addresses in TF_CONFIG, or wait longer with ParameterServerStrategy(connect_timeout_s=...)."
             )
         time.sleep(CONNECT_POLL_S)
-
-
-class LocalResourcesError(RuntimeError):
-    """Resources made before the cluster connection would break the cluster's steps."""
 
 
 def _resolver_from(cluster: Any):
@@ -205,7 +199,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         "fixed:4", "min_size:256k"). `partitioner=` is an alias.
       exact_updates: apply each variable's optimizer update as one unit, so
         that several async workers never lose or double an update (see
-        `tf_psx._exact_updates`). True by default; False gives TF's own
+        `tf_psx._tf.exact_updates`). True by default; False gives TF's own
         update path.
       connect_timeout_s: how long to wait for every worker and ps task to
         accept connections before raising `ClusterUnreachableError` (TF's
@@ -253,7 +247,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         num_ps = len(resolver.cluster_spec().as_dict()["ps"])
         variable_partitioner = _partitioner_from(variable_partitioner, num_ps)
         _check_no_local_tables()
-        _compat.set_grpc_fail_fast()
+        _runtime.set_grpc_fail_fast()
         if connect_timeout_s is not None:
             wait_until_reachable(resolver.cluster_spec().as_dict(), connect_timeout_s)
         super().__init__(resolver, variable_partitioner=variable_partitioner)
@@ -262,14 +256,14 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         if exact_updates:
             _exact_updates.install()
         _exact_updates.install_compile_warning()
-        _weights.install()
+        _weights_hook.install(_weights.convert)
 
     @property
     def coordinator(self) -> tf.distribute.experimental.coordinator.ClusterCoordinator:
         """The strategy's ClusterCoordinator, created on first use and then reused."""
         # ClusterCoordinator keeps one instance per strategy (its __new__),
         # so this is the same object tf-keras's fit uses.
-        return _cc.ClusterCoordinator(self)
+        return _runtime.coordinator_of(self)
 
     def experimental_distribute_dataset(self, dataset, options=None):
         _raise_if_keras3_caller()
@@ -282,13 +276,13 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
     @staticmethod
     def check_model(model) -> None:
         """Raises `Keras3Error` when `model` is a Keras 3 model (not tf-keras)."""
-        _compat.check_not_keras3(model)
+        _tf_keras.check_not_keras3(model)
 
 
 def _check_no_local_tables() -> None:
-    if _compat.connected_to_cluster():
+    if _runtime.connected_to_cluster():
         return  # tables made since then were made for the cluster
-    count = _compat.live_tfra_variables()
+    count = _tfra.live_tfra_variables()
     if count:
         raise LocalResourcesError(
             f"{count} TFRA dynamic-embedding variable(s) already exist in this process. "
@@ -297,11 +291,11 @@ def _check_no_local_tables() -> None:
 
 
 def _raise_if_keras3_caller() -> None:
-    caller = _compat.keras3_caller()
+    caller = _tf_keras.keras3_caller()
     if caller is not None:
-        raise _compat.Keras3Error(
+        raise Keras3Error(
             f"Keras 3 ({caller}) called model.fit under tf_psx.ParameterServerStrategy. "
-            + _compat.KERAS3_FIX
+            + _tf_keras.KERAS3_FIX
         )
 
 
@@ -350,9 +344,10 @@ def auto_strategy(tf_config: Any = None) -> tf.distribute.Strategy:
 
     Example:
 
-    >>> import tf_psx
-    >>> tf_psx.auto_strategy(tf_config="")  # no TF_CONFIG, no GPUs here  # doctest: +ELLIPSIS
-    <tensorflow.python.distribute.distribute_lib._DefaultDistributionStrategy object at ...>
+    >>> import tf_psx, tensorflow as tf
+    >>> strategy = tf_psx.auto_strategy(tf_config="")  # no TF_CONFIG, no GPUs here
+    >>> strategy is tf.distribute.get_strategy()  # the default strategy
+    True
 
     Args:
       tf_config: a TF_CONFIG value (dict or JSON); the environment's when None;

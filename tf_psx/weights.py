@@ -27,23 +27,11 @@ Example:
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
-from tf_psx import _compat
+from tf_psx._tf.weights import sharded_container as _container
 
-__all__ = ["unsharded_weights"]
-
-_install_lock = threading.Lock()
-_INSTALLED = False
-
-
-def _container(variable):
-    # TF 2.16's ShardedVariable sets a weak reference to itself on each shard.
-    ref = getattr(variable, "_sharded_container", None)
-    return ref() if ref is not None else None
-
+__all__ = ["unsharded_weights", "convert"]
 
 def _groups(params) -> list[tuple[object, list]]:
     """[(ShardedVariable or None, [its shards in order])] for a layer's weights."""
@@ -78,7 +66,7 @@ def unsharded_weights(layer) -> list[np.ndarray]:
     return out
 
 
-def _split_unsharded(layer, params, weights):
+def split_unsharded(layer, params, weights):
     """The shard list for `weights` given as one array per (sharded) variable, or None."""
     groups = _groups(params)
     if len(groups) == len(params) or len(weights) != len(groups):
@@ -101,7 +89,7 @@ def _split_unsharded(layer, params, weights):
     return expanded
 
 
-def _join_shards(params, weights):
+def join_shards(params, weights):
     """Joins consecutive arrays whose rows add up to each param's shape; None if they do not."""
     joined, index = [], 0
     for param in params:
@@ -127,27 +115,15 @@ def _join_shards(params, weights):
     return joined if index == len(weights) else None
 
 
-def install() -> None:
-    """Makes tf-keras `Layer.set_weights` accept unsharded and shard lists (once per process)."""
-    global _INSTALLED  # pylint: disable=global-statement
-    with _install_lock:
-        if _INSTALLED:
-            return
-        layer_class = _compat.keras().layers.Layer
-        original = layer_class.set_weights
+def convert(layer, params, weights):
+    """The list `set_weights` should set for `weights`, or None to leave it as given.
 
-        def set_weights(self, weights):
-            params = self.weights
-            weights = list(weights)
-            if len(weights) != len(params) and all(hasattr(p, "shape") for p in params):
-                converted = _split_unsharded(self, params, weights)
-                if converted is None and len(weights) > len(params):
-                    converted = _join_shards(params, weights)
-                if converted is not None:
-                    weights = converted
-            return original(self, weights)
-
-        set_weights.__doc__ = original.__doc__
-        set_weights.__wrapped__ = original
-        layer_class.set_weights = set_weights
-        _INSTALLED = True
+    Unsharded lists are split into the shards of each sharded variable; a
+    shard list given to an unsharded model is joined (see the module doc).
+    """
+    if len(weights) == len(params) or not all(hasattr(p, "shape") for p in params):
+        return None
+    converted = split_unsharded(layer, params, weights)
+    if converted is None and len(weights) > len(params):
+        converted = join_shards(params, weights)
+    return converted

@@ -18,6 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tf_psx  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tf_psx._tf import tfra as _tfra  # noqa: E402
 
 mode, directory, out = sys.argv[1], sys.argv[2], sys.argv[3]
 EPOCHS, STEPS, EVERY, KILL_AT, BATCH, FIELDS, SPE = 5, 20, 20, 70, 16, 4, 5
@@ -85,7 +86,7 @@ with tf_psx.LocalCluster(num_workers=1, num_ps=2) as cluster:
     slots = [s.lookup(tf.constant(KEYS)).numpy() for s in dynamic_layer.table.get_slot_variables(model.optimizer)]
     # TFRA's per-worker lookup buffers (ShadowVariable and its optimizer
     # slots) are scratch space whose shape follows the last batch: left out.
-    de = tf_psx._compat.tfra()
+    de = _tfra.tfra()
     dense_state = [v for v in model.weights + model.optimizer.variables
                    if not isinstance(v, (de.shadow_ops.ShadowVariable, de.TrainableWrapper))
                    and "shadow" not in v.name.lower()]

@@ -5,7 +5,7 @@ Usage: dynamic_two_workers.py [--raw] OPTIMIZER [OPTIMIZER ...]
     in-process LocalCluster(num_workers=2, num_ps=2).
   --raw: use TFRA's de.keras.layers.Embedding and DynamicEmbeddingOptimizer
     directly, without tf_psx.layers.DynamicEmbedding (so without
-    tf_psx._compat.install_per_worker_shadows), to measure what TFRA 0.8.1
+    tf_psx._tf.shadows.install_per_worker_shadows), to measure what TFRA 0.8.1
     itself does with 2 workers.
   TF_PSX_LOG_PLACEMENT=1 logs every op's device (to check where the shadow
     buffers' VarHandleOps run).
@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 
 import tf_psx  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tf_psx._tf import tfra as _tfra  # noqa: E402
 
 WORKERS, PS = 2, 2
 FIELDS, DIM, BATCH = 4, 2, 8
@@ -84,7 +85,7 @@ def build(optimizer_name, index):
         ordinal_counter = tf.Variable(0, dtype=tf.int64, trainable=False)
         inputs = tf.keras.Input((FIELDS,), dtype=tf.int64)
         if raw:
-            de = tf_psx._compat.tfra()  # pylint: disable=protected-access
+            de = _tfra.tfra()  # pylint: disable=protected-access
             layer = de.keras.layers.Embedding(
                 DIM, initializer=tf.keras.initializers.Zeros(), name=f"raw_table_{index}", with_unique=True,
                 devices=[f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(PS)])

@@ -42,7 +42,7 @@ import weakref
 
 import tensorflow as tf
 
-from tf_psx import _compat
+from tf_psx._tf import keras as _tf_keras
 
 # Attribute names on the optimizer instance.
 _STATE_ATTR = "_tf_psx_update_locks"
@@ -56,7 +56,7 @@ _INSTALLED = False
 
 
 def _base_optimizer_class():
-    return _compat.keras().optimizers.Optimizer.__mro__[1]
+    return _tf_keras.keras().optimizers.Optimizer.__mro__[1]
 
 
 def _strategy_wants_exact(optimizer) -> bool:
@@ -380,7 +380,7 @@ def inexact_reason(optimizer, strategy) -> str | None:
             "ParameterServerStrategy(exact_updates=False): several async workers can lose or double "
             "updates of one variable. Fix: leave exact_updates=True (the default)."
         )
-    legacy = _compat.keras().optimizers.legacy.Optimizer
+    legacy = _tf_keras.keras().optimizers.legacy.Optimizer
     if isinstance(optimizer, legacy):
         plain_sgd = type(optimizer).__name__ == "SGD" and not getattr(optimizer, "_momentum", False)
         if not plain_sgd:
@@ -398,7 +398,7 @@ def install_compile_warning() -> None:
     with _install_lock:
         if _COMPILE_HOOKED:
             return
-        model_class = _compat.keras().Model
+        model_class = _tf_keras.keras().Model
         original_compile = model_class.compile
 
         def compile(self, *args, **kwargs):  # pylint: disable=redefined-builtin

@@ -1,0 +1,175 @@
+"""TFRA (tensorflow-recommenders-addons 0.8.1) on TF 2.16.2: quiet import, ops on servers, Model hooks."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from tf_psx._tf.keras import keras
+from tf_psx.errors import DynamicEmbeddingSaveError
+
+def tfra():
+    """Imports and returns `tensorflow_recommenders_addons.dynamic_embedding`.
+
+    TFRA 0.8.1 prints "_SingleDeviceSaver removed after tf version 2.15" to
+    stdout on import under TF 2.16, and logs a horovod warning; both are
+    noise for tf_psx users, so the import runs with stdout captured.
+    """
+    import contextlib  # pylint: disable=import-outside-toplevel
+    import io  # pylint: disable=import-outside-toplevel
+
+    if "tensorflow_recommenders_addons.dynamic_embedding" not in sys.modules:
+        keras3_init = _keras3_variance_scaling()
+        saved_call = keras3_init.__call__ if keras3_init is not None else None
+        tf_logger = logging.getLogger("tensorflow")
+        level = tf_logger.level
+        tf_logger.setLevel(logging.ERROR)  # the horovod warning
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                import tensorflow_recommenders_addons.dynamic_embedding  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+        finally:
+            tf_logger.setLevel(level)
+        if keras3_init is not None:
+            # TFRA patches VarianceScaling.__call__ of every Keras it finds,
+            # Keras 3 included, with a body that needs tf-keras internals:
+            # afterwards any Keras 3 layer with a Glorot initializer fails
+            # with "no attribute '_random_generator'". TFRA tables only work
+            # with tf-keras, so Keras 3 gets its own method back.
+            keras3_init.__call__ = saved_call
+    return sys.modules["tensorflow_recommenders_addons.dynamic_embedding"]
+
+
+def load_tfra_ops() -> bool:
+    """Registers TFRA's custom ops in this process; False when TFRA is unusable.
+
+    Servers (`python -m tf_psx.server`) must do this before they start, or the
+    DynamicEmbedding tables that the coordinator places on them fail to be
+    created (TF resolves an op on the task that runs it).
+    """
+    try:
+        tfra()
+    except Exception:  # pylint: disable=broad-except  (a missing or broken TFRA build)
+        return False
+    return True
+
+
+def _keras3_variance_scaling():
+    """Keras 3's VarianceScaling class, or None when Keras 3 is not installed."""
+    try:
+        import keras  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return None
+    if not str(getattr(keras, "__version__", "0")).startswith("3"):
+        return None
+    return keras.initializers.VarianceScaling
+
+
+def tfra_loaded() -> bool:
+    """True when tensorflow-recommenders-addons was imported in this process."""
+    return "tensorflow_recommenders_addons" in sys.modules
+
+
+def live_tfra_variables() -> int:
+    """Counts the TFRA dynamic-embedding variables alive in this process.
+
+    TFRA 0.8.1 tables built before the process connects to a cluster keep
+    state on /job:localhost; a model built on the cluster afterwards fails
+    every step with "/job:localhost/... unknown device", and
+    ClusterCoordinator takes that for a worker failure and retries forever
+    (measured: TF 2.16.2, TFRA 0.8.1, even after `del model; gc.collect()`,
+    since TFRA keeps the variables alive). Counting the live variables is the
+    reliable sign we found; it walks the GC's objects (about 40 ms for 360k
+    objects), so it is only done once, before connecting.
+    """
+    if not tfra_loaded():
+        return 0
+    import gc  # pylint: disable=import-outside-toplevel
+
+    from tensorflow_recommenders_addons.dynamic_embedding.python.ops import (  # pylint: disable=import-outside-toplevel
+        dynamic_embedding_variable as de_variable,
+    )
+
+    return sum(1 for obj in gc.get_objects() if isinstance(obj, de_variable.Variable))
+
+
+def tfra_variable_class():
+    """TFRA's `dynamic_embedding.Variable` class, or None when TFRA is not loaded."""
+    if not tfra_loaded():
+        return None
+    return tfra().Variable
+
+
+# Set on tf_psx.layers.DynamicEmbedding: the hooks recognise it without
+# importing tf_psx.layers (which depends on this door, never the reverse).
+HASH_TABLE_LAYER_ATTR = "_tf_psx_hash_table_layer"
+
+
+def _model_has_dynamic_embedding(model) -> bool:
+    return any(getattr(layer, HASH_TABLE_LAYER_ATTR, False) for layer in model._flatten_layers())  # pylint: disable=protected-access
+
+
+def wrap_tfra_optimizer(optimizer):
+    """Applies TFRA's DynamicEmbeddingOptimizer to `optimizer` once; returns it."""
+    if optimizer is None or getattr(optimizer, "_tf_psx_tfra_wrapped", False):
+        return optimizer
+    wrapped = tfra().DynamicEmbeddingOptimizer(optimizer)
+    wrapped._tf_psx_tfra_wrapped = True  # pylint: disable=protected-access
+    # TFRA's apply writes rows back as values: exact only with one worker.
+    # tf_psx's locks every table update under a strategy with exact_updates.
+    from tf_psx._tf import exact_updates as _exact_updates  # pylint: disable=import-outside-toplevel
+
+    _exact_updates.install()
+    tfra_fn = wrapped.__dict__["_distributed_apply_gradients_fn"]
+    wrapped._distributed_apply_gradients_fn = _exact_updates.tfra_apply_gradients_fn(wrapped, tfra_fn)  # pylint: disable=protected-access
+    return wrapped
+
+
+_TFRA_HOOK_INSTALLED = False
+
+
+def install_tfra_optimizer_hook() -> None:
+    """Makes tf-keras `Model.compile` wrap the optimizer for TFRA tables.
+
+    TFRA 0.8.1 trains its tables only through an optimizer patched by
+    `de.DynamicEmbeddingOptimizer`; a plain one fails or leaves the table
+    untouched. Users of `tf_psx.layers.DynamicEmbedding` should not have to
+    know that, so after `compile`, a model that holds a DynamicEmbedding gets
+    its optimizer wrapped. Installed the first time a DynamicEmbedding is
+    built (never on import); it wraps `tf_keras.Model.compile` once and
+    changes nothing for models without TFRA layers.
+    """
+    global _TFRA_HOOK_INSTALLED  # pylint: disable=global-statement
+    if _TFRA_HOOK_INSTALLED:
+        return
+    model_class = keras().Model
+    original_compile = model_class.compile
+
+    def compile(self, optimizer="rmsprop", *args, **kwargs):  # pylint: disable=redefined-builtin
+        original_compile(self, optimizer, *args, **kwargs)
+        if _model_has_dynamic_embedding(self):
+            self.optimizer = wrap_tfra_optimizer(self.optimizer)
+
+    compile.__doc__ = original_compile.__doc__
+    compile.__wrapped__ = original_compile
+    model_class.compile = compile
+
+    # tf-keras's SavedModel of a model with TFRA tables loads only where the
+    # TFRA ops are registered, and TF Serving has none: a model that cannot
+    # serve, written without a word. Refuse and name the alternatives.
+    original_save = model_class.save
+
+    def save(self, filepath, *args, **kwargs):
+        if _model_has_dynamic_embedding(self):
+            raise DynamicEmbeddingSaveError(
+                f"Model {self.name} holds a tf_psx.layers.DynamicEmbedding; Model.save({str(filepath)!r}) would "
+                "write a SavedModel that needs TFRA's ops to load and cannot serve in plain TensorFlow or TF "
+                "Serving. Fix: tf_psx.export_serving(model, path) for a model that serves anywhere; "
+                "model.save_weights(path), tf.keras.callbacks.ModelCheckpoint(..., save_weights_only=True) or "
+                "tf_psx.callbacks.PeriodicSync for checkpoints to resume from."
+            )
+        return original_save(self, filepath, *args, **kwargs)
+
+    save.__doc__ = original_save.__doc__
+    save.__wrapped__ = original_save
+    model_class.save = save
+    _TFRA_HOOK_INSTALLED = True

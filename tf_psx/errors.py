@@ -1,0 +1,89 @@
+"""tf_psx's errors: one base class, each error also the built-in it refines.
+
+`except tf_psx.errors.TFPSXError` catches every error tf_psx raises on
+purpose; each class also subclasses the matching built-in (`ValueError`,
+`TypeError`, `RuntimeError`), so code written against those keeps working.
+Every message names the field, the value received and the fix. This module
+imports nothing heavy (no TensorFlow).
+
+Example:
+
+>>> from tf_psx import errors
+>>> issubclass(errors.TFConfigError, ValueError) and issubclass(errors.TFConfigError, errors.TFPSXError)
+True
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TFPSXError",
+    "TFConfigError",
+    "ClusterUnreachableError",
+    "TaskFailedError",
+    "LocalResourcesError",
+    "Keras3Error",
+    "DynamicEmbeddingSaveError",
+    "ManifestError",
+    "LaunchError",
+    "CommandError",
+]
+
+
+class TFPSXError(Exception):
+    """Base class of every error tf_psx raises on purpose."""
+
+
+class TFConfigError(TFPSXError, ValueError):
+    """A TF_CONFIG or cluster description is malformed; names the JSON path and the fix."""
+
+
+class ClusterUnreachableError(TFConfigError):
+    """A worker or ps task did not accept connections in time."""
+
+
+class TaskFailedError(TFPSXError, RuntimeError):
+    """A task process exited before or while it was needed."""
+
+
+class LocalResourcesError(TFPSXError, RuntimeError):
+    """Resources made before the cluster connection would break the cluster's steps."""
+
+
+class Keras3Error(TFPSXError, TypeError):
+    """A Keras 3 object was used where parameter-server training needs tf-keras."""
+
+
+class DynamicEmbeddingSaveError(TFPSXError, ValueError):
+    """Model.save of a model with TFRA tables, which would not serve; names the alternatives."""
+
+
+class ManifestError(TFPSXError, ValueError):
+    """An argument of `tfjob_manifest` or `operator_tf_config` is invalid.
+
+    The message names the argument, the expected form, the value received and
+    the fix. `argument` and `detail` let a command line name its own option:
+    the message is "Argument `<argument>` <detail>".
+
+    Example:
+
+    >>> err = ManifestError("workers", "must be an int >= 1. Received: 0.")
+    >>> str(err), err.renamed("Option `--workers`")
+    ('Argument `workers` must be an int >= 1. Received: 0.', 'Option `--workers` must be an int >= 1. Received: 0.')
+    """
+
+    def __init__(self, argument: str, detail: str) -> None:
+        super().__init__(f"Argument `{argument}` {detail}")
+        self.argument = argument
+        self.detail = detail
+
+    def renamed(self, label: str) -> str:
+        """The message with `label` (e.g. "Option `--workers`") naming the value."""
+        return f"{label} {self.detail}"
+
+
+class LaunchError(TFPSXError, ValueError):
+    """`tf-psx launch` cannot start the job as asked."""
+
+
+class CommandError(TFPSXError, ValueError):
+    """A `tf-psx` command was given bad input; the CLI prints it and exits 2."""
