@@ -18,12 +18,9 @@ it and read it.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import re
-import shutil
 import time
 import uuid
 import weakref
@@ -32,10 +29,18 @@ from typing import Any, Literal
 import numpy as np
 import tensorflow as tf
 
+from tf_psx import snapshots as _snapshots
 from tf_psx._tf import checkpoint as _checkpoint, fit_hooks as _fit_hooks, keras as _tf_keras, runtime as _runtime
 from tf_psx._tf import tfra as _tfra
 
 __all__ = ["StalenessBound", "PeriodicSync", "ClusterMonitor", "Snapshot"]
+
+# The snapshot format lives in tf_psx.snapshots; these names stay here too.
+Snapshot = _snapshots.Snapshot
+SNAPSHOT_PREFIX = _snapshots.SNAPSHOT_PREFIX
+TMP_PREFIX = _snapshots.TMP_PREFIX
+MANIFEST = _snapshots.MANIFEST
+CHECKPOINT_NAME = _snapshots.CHECKPOINT_NAME
 
 logger = logging.getLogger("tf_psx")
 _keras = _tf_keras.keras()
@@ -50,17 +55,6 @@ STALENESS_BINS = 64
 _STEPS, _EXAMPLES, _STALENESS_SUM, _DROPPED = 0, 1, 2, 3
 _HISTOGRAM_AT = 4
 _ROWS_AT = _HISTOGRAM_AT + STALENESS_BINS  # then one slot per embedding layer
-# Snapshot directories are named after the global step, zero-padded so that
-# names sort like steps (12 digits: a trillion steps).
-SNAPSHOT_PREFIX = "snapshot-"
-_SNAPSHOT_RE = re.compile(r"^snapshot-(\d{12})$")
-_STEP_DIGITS = 12
-# A snapshot is written under this prefix, then renamed; a directory with this
-# prefix is an interrupted write and is never restored.
-TMP_PREFIX = ".tmp-snapshot-"
-# Written last, inside the snapshot: a snapshot without it is incomplete.
-MANIFEST = "snapshot.json"
-CHECKPOINT_NAME = "ckpt"
 # The tensor of a TF2 checkpoint that holds its object graph (TF's
 # `trackable.base.OBJECT_GRAPH_PROTO_KEY`): reading it checks that the index
 # and the data file can be opened before anything is restored.
@@ -529,63 +523,8 @@ class StalenessBound(_RunCallback):
 # PeriodicSync
 
 
-@dataclasses.dataclass(frozen=True)
-class Snapshot:
-    """A complete snapshot written by PeriodicSync.
-
-    Attributes:
-      path: the snapshot directory.
-      step: the global step it was taken after (steps done since step 0).
-      epoch: the epoch that step belongs to (0-based).
-      step_in_epoch: steps of `epoch` done at that point.
-      steps_per_epoch: fit's steps per epoch then (None if unknown).
-      seconds: how long the barrier and the write took.
-    """
-
-    path: str
-    step: int
-    epoch: int
-    step_in_epoch: int
-    steps_per_epoch: int | None
-    seconds: float
-
-    @property
-    def checkpoint(self) -> str:
-        """The `tf.train.Checkpoint` prefix inside the snapshot."""
-        return os.path.join(self.path, CHECKPOINT_NAME)
-
-    def resume_point(self, steps_per_epoch: int | None) -> tuple[int, int]:
-        """(epoch, step in epoch) at which fit continues after this snapshot."""
-        if steps_per_epoch:
-            return divmod(self.step, steps_per_epoch)
-        if self.steps_per_epoch and self.step_in_epoch >= self.steps_per_epoch:
-            return self.epoch + 1, 0
-        return self.epoch, self.step_in_epoch
-
-
-def _read_manifest(path: str) -> Snapshot | None:
-    try:
-        with open(os.path.join(path, MANIFEST), encoding="utf-8") as handle:
-            data = json.load(handle)
-        snapshot = Snapshot(path=path, step=int(data["step"]), epoch=int(data["epoch"]),
-                            step_in_epoch=int(data["step_in_epoch"]),
-                            steps_per_epoch=data.get("steps_per_epoch"), seconds=float(data.get("seconds", 0.0)))
-    except (FileNotFoundError, NotADirectoryError):
-        return None  # no manifest: the write was interrupted (or the name is not a snapshot)
-    except (ValueError, KeyError, TypeError):
-        return None  # a torn or foreign manifest (json.JSONDecodeError is a ValueError)
-    if not os.path.exists(snapshot.checkpoint + ".index"):
-        return None
-    return snapshot
-
-
 def _hook_before_commit(path: str) -> None:  # pylint: disable=unused-argument
     """Called after a snapshot is written and before it is renamed (a seam for crash tests)."""
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _unreadable(prefix: str) -> str | None:
@@ -600,7 +539,7 @@ def _unreadable(prefix: str) -> str | None:
     try:
         tf.train.load_checkpoint(prefix).get_tensor(_OBJECT_GRAPH_KEY)
     except (tf.errors.OpError, IndexError) as error:
-        return f"{type(error).__name__}: {_first_line(error)}"
+        return f"{type(error).__name__}: {_snapshots.first_line(error)}"
     return None
 
 
@@ -656,15 +595,6 @@ def _required_state(model) -> list:
 
 def _restored_ids(status) -> set[int]:
     return _checkpoint.restored_ids(status)
-
-
-def _remove(path: str, why: str) -> None:
-    """Deletes a directory tree; a failure is logged with its cause, not raised."""
-    try:
-        shutil.rmtree(path)
-    except OSError as error:
-        logger.warning("PeriodicSync: could not delete %s (%s): %s. It is never restored; delete it by hand.",
-                       path, why, _first_line(error))
 
 
 class PeriodicSync(_RunCallback):
@@ -759,23 +689,15 @@ class PeriodicSync(_RunCallback):
         self._epoch_start = 0
         self._last_saved = -1
         self._checkpoint = None
-        self._warned_newer: set[str] = set()
+        self._store = _snapshots.SnapshotStore(self.directory, self.max_to_keep,
+                                               before_commit=lambda path: _hook_before_commit(path))
 
     # -- finding snapshots (usable without a model) ---------------------------
 
     @staticmethod
     def snapshots(directory) -> list[Snapshot]:
         """The complete snapshots in `directory`, oldest first."""
-        directory = os.fspath(directory)
-        if not os.path.isdir(directory):
-            return []
-        found = []
-        for name in os.listdir(directory):
-            if _SNAPSHOT_RE.match(name):
-                snapshot = _read_manifest(os.path.join(directory, name))
-                if snapshot is not None:
-                    found.append(snapshot)
-        return sorted(found, key=lambda s: s.step)
+        return _snapshots.SnapshotStore(directory, max_to_keep=1).snapshots()
 
     @staticmethod
     def latest(directory) -> Snapshot | None:
@@ -799,10 +721,7 @@ class PeriodicSync(_RunCallback):
                 model.optimizer.build(model.trainable_variables)
         self._checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
         if self._writes:
-            os.makedirs(self.directory, exist_ok=True)
-            for name in os.listdir(self.directory):
-                if name.startswith(TMP_PREFIX):  # left by an interrupted write or prune
-                    _remove(os.path.join(self.directory, name), "left by an interrupted write")
+            self._store.clean_temporaries()
         steps = (self.params or {}).get("steps")
         self.restored = self._restore_newest()
         self._step, self._resume_in_epoch = 0, 0
@@ -831,9 +750,9 @@ class PeriodicSync(_RunCallback):
                     # `read` is the counterpart of `write` (no save_counter).
                     status = self._checkpoint.read(snapshot.checkpoint)
                 except tf.errors.DataLossError as error:  # a tensor whose checksum does not match
-                    cause = f"{type(error).__name__}: {_first_line(error)}"
+                    cause = f"{type(error).__name__}: {_snapshots.first_line(error)}"
                 except ValueError as error:  # a tensor of another shape or dtype than the variable
-                    what = f"a value of another shape or dtype ({_first_line(error)})"
+                    what = f"a value of another shape or dtype ({_snapshots.first_line(error)})"
                     raise ValueError(self._mismatch(snapshot, what)) from error
             if cause is not None:
                 logger.warning("PeriodicSync: cannot read %s (%s); trying an older snapshot", snapshot.path, cause)
@@ -885,68 +804,16 @@ class PeriodicSync(_RunCallback):
         barrier = time.perf_counter() - start
         step, in_epoch = self._step, self._step - self._epoch_start
         if self._writes:
-            tmp = self._tmp_path(step)
-            os.makedirs(tmp)
-            self._checkpoint.write(os.path.join(tmp, CHECKPOINT_NAME))
-            seconds = time.perf_counter() - start
-            manifest = {"step": step, "epoch": self._epoch, "step_in_epoch": in_epoch,
-                        "steps_per_epoch": (self.params or {}).get("steps"), "seconds": seconds,
-                        "time": time.time()}
-            with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as handle:
-                json.dump(manifest, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            _hook_before_commit(tmp)
-            final = os.path.join(self.directory, f"{SNAPSHOT_PREFIX}{step:0{_STEP_DIGITS}d}")
-            if os.path.exists(final):
-                # A leftover of an earlier run at this step (without manifest, or one
-                # that could not be read): moved aside in one rename, deleted once
-                # the new one is in place, so the name never holds a partial snapshot.
-                aside = self._tmp_path(step)
-                os.rename(final, aside)
-                os.rename(tmp, final)
-                _remove(aside, "replaced by a new snapshot of the same step")
-            else:
-                os.rename(tmp, final)
-            self._prune(step)
+            manifest = {"epoch": self._epoch, "step_in_epoch": in_epoch,
+                        "steps_per_epoch": (self.params or {}).get("steps"),
+                        "seconds": time.perf_counter() - start}
+            self._store.commit(step, self._checkpoint.write, manifest)
+            self._store.prune(step)
         seconds = time.perf_counter() - start
         self._last_saved = step
         self.snapshot_seconds.append(seconds)
         self._seconds.append(seconds)
         logger.info("PeriodicSync: snapshot of step %d in %.2f s (barrier %.2f s)", step, seconds, barrier)
-
-    def _tmp_path(self, step: int) -> str:
-        return os.path.join(self.directory, f"{TMP_PREFIX}{step:0{_STEP_DIGITS}d}-{uuid.uuid4().hex[:8]}")
-
-    def _prune(self, written: int) -> None:
-        """Keeps the newest `max_to_keep` snapshots up to step `written` (the one just written).
-
-        Snapshots newer than `written` are never deleted (see the class
-        docstring); each is named once in a warning.
-        """
-        found = self.snapshots(self.directory)
-        newer = [s for s in found if s.step > written]
-        upto = [s for s in found if s.step <= written]  # the one just written is the last
-        for snapshot in upto[:-self.max_to_keep]:
-            # Renamed first (one atomic step: it is no longer listed), then deleted;
-            # a crash in between leaves a temporary directory, removed at the next start.
-            aside = self._tmp_path(snapshot.step)
-            try:
-                os.rename(snapshot.path, aside)
-            except OSError as error:  # training goes on; the snapshot stays, complete
-                logger.warning("PeriodicSync: could not prune %s: %s", snapshot.path, _first_line(error))
-                continue
-            _remove(aside, f"pruned snapshot of step {snapshot.step}")
-        unwarned = [s for s in newer if s.path not in self._warned_newer]
-        if unwarned:
-            self._warned_newer.update(s.path for s in unwarned)
-            logger.warning(
-                "PeriodicSync: %s holds snapshots newer than the one just written (step %d): %s. They were left by "
-                "an earlier run or could not be read; they are kept (never pruned, not counted in max_to_keep=%d), "
-                "and a later fit in this directory tries them first. Fix: delete them if they are stale, and use "
-                "one directory per training run.",
-                self.directory, written, ", ".join(os.path.basename(s.path) for s in unwarned), self.max_to_keep)
-
 
 # ----------------------------------------------------------------------------
 # ClusterMonitor
@@ -1124,7 +991,7 @@ class ClusterMonitor(_RunCallback):
                 if table.name not in self._unsized_slots:
                     self._unsized_slots.add(table.name)
                     logger.warning("ClusterMonitor: ps/<i>/table_bytes leaves out the optimizer slots of table %s: %s",
-                                   table.name, _first_line(error))
+                                   table.name, _snapshots.first_line(error))
         return tables
 
     def _ps_rss(self) -> dict[str, float]:
