@@ -3,9 +3,24 @@
 Reads the Criteo Display Advertising layout (the Kaggle 11 GB and Terabyte
 1 TB files: tab-separated, no header, `label, I1..I13, C1..C26`) and its
 CSV-with-header variant (`label,I1,...,C26`, dense values written as floats).
-Files are read line by line, never whole; each line is checked, and a bad
-line is skipped, counted in `CriteoStats` and reported with its
-`path:lineno`.
+
+Design: the dataset is built from TensorFlow ops only (`TextLineDataset` and
+`tf.strings`), never from Python generators, so the same dataset works
+wherever a user builds it: iterated in this process, or built inside a
+`DatasetCreator`'s `dataset_fn`, whose dataset `ParameterServerStrategy`
+runs on the workers. A Python-generator dataset (`from_generator`, the first
+version of this reader) runs in the coordinator instead, and deleting a
+worker's iterator of it after `fit` deadlocked the coordinator. A dataset
+built eagerly is rebuilt from its serialized graph, so it holds no Python
+function: one peeked before the cluster exists leaves the tasks nothing to
+remove later ("Tried to remove non-existent function" errors).
+
+Malformed lines are skipped by the pipeline and counted by the process that
+builds it: a background thread reads each file once (`CriteoStats`), with the
+same rules as the pipeline, and warns (`CriteoMalformedLineWarning`) with the
+`path:lineno` of each bad line. A worker cannot report to the coordinator's
+Python, so the count is of the lines in the files, not of the lines that
+training has reached.
 
 Note: the function `criteo` has the name of this module, so after
 `import tf_psx.data` the attribute `tf_psx.data.criteo` is the function.
@@ -15,15 +30,16 @@ Module-level names are still reachable with
 
 from __future__ import annotations
 
-import csv
-import dataclasses
+import atexit
 import glob as _glob
 import gzip
 import math
 import os
+import queue
+import re
 import threading
 import warnings
-from typing import IO, Any, Callable, Iterator, Literal, Sequence, Union, get_args
+from typing import IO, Any, Callable, Literal, Sequence, Union, get_args
 
 import numpy as np
 
@@ -60,72 +76,354 @@ HASH_KEY_SPACE = 2**62
 # "missing" key. Real values are 8 hex digits, so they never equal it.
 MISSING_TOKEN = "<missing>"
 
-# Enough lines to see what is wrong with a file without flooding a worker log
+# Enough lines to see what is wrong with a file without flooding the log
 # when a 1 TB file is broken throughout; the rest are counted in one summary.
 MAX_WARNINGS_PER_FILE = 10
-# Rows per element handed from Python to tf.data when rows are shuffled: large
-# enough to amortize the Python->tensor conversion, small enough that the
-# shuffle buffer starts filling at once.
-SHUFFLE_CHUNK_ROWS = 1024
-# Longest excerpt of a bad header quoted in an error message.
+# At exit, how long the file check may take to notice the stop flag (it looks
+# at it once a line, so it stops within microseconds unless a read blocks).
+CHECK_STOP_GRACE_S = 2.0
+# Longest excerpt of a bad header or field quoted in a message.
 _QUOTE_CHARS = 120
 
 Format = Literal["auto", "tsv", "csv"]
 FORMATS: tuple[str, ...] = get_args(Format)
 _SEPARATORS = {"tsv": b"\t", "csv": b","}
 # Labels as the two layouts write them ("0.0" appears in CSVs written by pandas).
-_LABELS = {b"0": 0.0, b"1": 1.0, b"0.0": 0.0, b"1.0": 1.0}
-_NAN = float("nan")
-# What `graph_dataset` accepts as a dense value: what int() takes in the TSV
-# layout, and a finite float in the CSV one (what `_rows` accepts, minus
-# Python's underscores and surrounding spaces, which Criteo files never have).
+_LABELS = (b"0", b"1", b"0.0", b"1.0")
+# What a dense field must be, in both the pipeline (RE2) and the file check
+# (Python re): an integer in the TSV layout, a decimal number in the CSV one.
+# The exponent has at most 2 digits and the field at most _MAX_NUMBER_CHARS
+# characters, so every accepted value converts to a finite float64 (at most
+# 1e31 * 1e99): TensorFlow's StringToNumber stops the whole pipeline, rather
+# than skipping the line, on a string of 32 characters or more, and "1e999"
+# would be inf.
 _TSV_NUMBER = r"[+-]?[0-9]+"
-_CSV_NUMBER = r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
+_CSV_NUMBER = r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,2})?"
+_MAX_NUMBER_CHARS = 31
+_NUMBER_RE = {"tsv": re.compile(_TSV_NUMBER.encode()), "csv": re.compile(_CSV_NUMBER.encode())}
+_NUMBER_KIND = {"tsv": "an integer", "csv": "a decimal number"}
+# A CSV field in double quotes is read without them (no escapes: Criteo files
+# have no quotes, and a quoted comma splits the field like any comma).
+_QUOTED = r'^"(.*)"$'
+_QUOTED_RE = re.compile(rb'"(.*)"')
+_LINE_END = r"[\r\n]+$"
 _GLOB_CHARS = "*?["
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 
 class CriteoMalformedLineWarning(UserWarning):
-    """A line of a Criteo file was skipped because it is malformed.
+    """A line of a Criteo file is malformed; the reader skips it.
 
-    To stop at the first bad line instead, turn the warning into an error:
-    `warnings.simplefilter("error", CriteoMalformedLineWarning)`.
+    Issued by the check of each file (see `CriteoStats`), once per file per
+    process. To refuse files with malformed lines, make the warning an
+    error: `warnings.simplefilter("error", CriteoMalformedLineWarning)`;
+    reading the counts of a `CriteoStats` (or its `wait()`) then raises it.
+    The pipeline itself never stops on a bad line.
     """
 
 
-@dataclasses.dataclass
 class CriteoStats:
-    """Counters of one or more readers (thread-safe; may be shared).
+    """What the check of the files of one or more readers found (thread-safe).
 
-    The counters move when the reader parses, which under `prefetch` and
-    `shuffle` is ahead of what the model has consumed.
+    A reader's `dataset()` starts a check of each of its files in a
+    background thread of this process (the coordinator), which reads the
+    file once with the pipeline's rules; the pipeline itself, which may run
+    on a `ParameterServerStrategy` worker, cannot count into Python. So the
+    counts are of the lines in the files: a line in a file read for 3 epochs
+    is counted once, and the counts do not wait for training to reach it.
+    Each file (path, size and modification time) is checked once per
+    process; readers that share a `CriteoStats` count each file once.
+
+    Reading a count waits until every file of the readers is checked (see
+    `done` and `wait`).
+
+    Example:
+
+    >>> import os, tempfile, warnings
+    >>> from tf_psx.data import criteo, write_criteo_sample
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> sample = write_criteo_sample(os.path.join(tmp.name, "day_0.tsv"), 200, seed=0, malformed=3)
+    >>> stats = CriteoStats()
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always", CriteoMalformedLineWarning)
+    ...     batches = [int(label.shape[0]) for _, label in criteo(sample.path, 64, stats=stats)]
+    ...     done = stats.wait()  # the warnings come from the check, in the background
+    >>> batches, done, stats.rows, stats.malformed
+    ([64, 64, 64, 8], True, 200, 3)
+    >>> stats.malformed_by_file == {sample.path: 3}
+    True
+    >>> messages = [str(w.message) for w in caught if w.category is CriteoMalformedLineWarning]
+    >>> messages[0] == f"{sample.path}:{sample.malformed_lines[0]}: skipped malformed line: expected 40 TSV fields, found 39"
+    True
+    >>> tmp.cleanup()
 
     Attributes:
-      rows: well-formed rows parsed and handed to tf.data.
-      malformed: lines skipped as malformed.
-      files_read: file passes completed (a file read in 2 epochs counts 2).
-      malformed_by_file: path -> lines skipped in that file.
+      rows: well-formed lines in the checked files.
+      malformed: malformed lines in them (which the reader skips).
+      files_checked: files checked.
+      malformed_by_file: path -> malformed lines, for files that have some.
+      done: True when no check of the readers' files is pending.
     """
 
-    rows: int = 0
-    malformed: int = 0
-    files_read: int = 0
-    malformed_by_file: dict = dataclasses.field(default_factory=dict)
-    _lock: Any = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._rows = 0
+        self._malformed = 0
+        self._files = 0
+        self._by_file: dict[str, int] = {}
+        self._pending = 0
+        self._counted: set = set()
+        self._errors: list[BaseException] = []
 
-    def _add_rows(self, n: int) -> None:
-        with self._lock:
-            self.rows += n
+    def __repr__(self) -> str:
+        with self._cond:
+            return (
+                f"CriteoStats(rows={self._rows}, malformed={self._malformed}, files_checked={self._files}, "
+                f"malformed_by_file={self._by_file!r}, done={self._pending == 0})"
+            )
 
-    def _add_malformed(self, path: str) -> None:
-        with self._lock:
-            self.malformed += 1
-            self.malformed_by_file[path] = self.malformed_by_file.get(path, 0) + 1
+    @property
+    def done(self) -> bool:
+        """True when every file the readers read has been checked."""
+        with self._cond:
+            return self._pending == 0
 
-    def _add_file(self) -> None:
-        with self._lock:
-            self.files_read += 1
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Waits until every file the readers read has been checked.
+
+        Args:
+          timeout_s: the longest wait in seconds; None waits as long as the
+            check takes (about 10**5 lines/s for one file at a time).
+
+        Returns:
+          True when the check is done, False when `timeout_s` passed first.
+
+        Raises:
+          OSError: a file could not be read.
+          CriteoMalformedLineWarning: when warnings of that class are errors.
+        """
+        with self._cond:
+            done = self._cond.wait_for(lambda: self._pending == 0, timeout_s)
+            if done and self._errors:
+                raise self._errors[0]
+            return done
+
+    @property
+    def rows(self) -> int:
+        """Well-formed lines in the checked files (waits for the check)."""
+        self.wait()
+        return self._rows
+
+    @property
+    def malformed(self) -> int:
+        """Malformed lines in the checked files (waits for the check)."""
+        self.wait()
+        return self._malformed
+
+    @property
+    def files_checked(self) -> int:
+        """Files checked (waits for the check)."""
+        self.wait()
+        return self._files
+
+    @property
+    def malformed_by_file(self) -> dict:
+        """Path -> malformed lines, for the checked files that have some (waits for the check)."""
+        self.wait()
+        with self._cond:
+            return dict(self._by_file)
+
+    def _subscribe(self) -> None:
+        with self._cond:
+            self._pending += 1
+
+    def _add(self, check: "_FileCheck", subscribed: bool) -> None:
+        with self._cond:
+            if subscribed:
+                self._pending -= 1
+            if check.error is not None:
+                self._errors.append(check.error)
+            elif check.key not in self._counted:
+                self._counted.add(check.key)
+                self._rows += check.rows
+                self._malformed += check.malformed
+                self._files += 1
+                if check.malformed:
+                    self._by_file[check.path] = self._by_file.get(check.path, 0) + check.malformed
+            self._cond.notify_all()
+
+
+# --- the check of the files, in a background thread of this process ---
+
+
+class _CheckStopped(RuntimeError):
+    """The process exits before the check of a file ended."""
+
+
+class _FileCheck:
+    """One pass over one file: its counts, and the stats waiting for them."""
+
+    def __init__(self, key: tuple, path: str, layout: str, has_header: bool):
+        self.key = key
+        self.path = path
+        self.layout = layout
+        self.has_header = has_header
+        self.rows = 0
+        self.malformed = 0
+        self.error: BaseException | None = None
+        self.done = False
+        self.subscribers: list[CriteoStats] = []
+
+
+# One check per file version in the process; later readers reuse its counts.
+_file_checks: dict[tuple, _FileCheck] = {}
+_file_checks_lock = threading.Lock()
+_check_queue: "queue.SimpleQueue[_FileCheck | None]" = queue.SimpleQueue()
+_check_stop = threading.Event()
+_checker: list[threading.Thread] = []  # the one checker thread, once started
+
+
+def _file_key(path: str, layout: str, has_header: bool) -> tuple:
+    """Identifies a version of a file: a rewritten file is checked again."""
+    # A file gone since construction gets no version; its check reports it.
+    version = None
+    if _is_remote(path):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        try:
+            stat = tf.io.gfile.stat(path)
+            version = (stat.length, stat.mtime_nsec)
+        except tf.errors.OpError:
+            pass
+    else:
+        try:
+            stat = os.stat(path)
+            version = (stat.st_size, stat.st_mtime_ns)
+        except OSError:
+            pass
+    return (path, layout, has_header, version)
+
+
+def _watch(stats: CriteoStats, path: str, layout: str, has_header: bool) -> None:
+    """Counts `path` into `stats`, checking it first unless that was done."""
+    key = _file_key(path, layout, has_header)
+    with _file_checks_lock:
+        check = _file_checks.get(key)
+        if check is None:
+            check = _file_checks[key] = _FileCheck(key, path, layout, has_header)
+            _check_queue.put(check)
+            _start_checker()
+        subscribed = not check.done
+        if subscribed:
+            check.subscribers.append(stats)
+            stats._subscribe()  # pylint: disable=protected-access
+    if not subscribed:
+        stats._add(check, subscribed=False)  # pylint: disable=protected-access
+
+
+def _start_checker() -> None:
+    """Starts the checker thread (called with _file_checks_lock held)."""
+    if _checker:
+        return
+    # A daemon thread, stopped at exit: a check of a 1 TB file must not keep
+    # the process alive, and it only reads files (no TensorFlow op), so it
+    # cannot race TensorFlow's own shutdown.
+    thread = threading.Thread(target=_check_files, name="tf_psx-criteo-check", daemon=True)
+    thread.start()
+    _checker.append(thread)
+    atexit.register(_stop_checker)
+
+
+def _stop_checker() -> None:
+    _check_stop.set()
+    _check_queue.put(None)
+    _checker[0].join(CHECK_STOP_GRACE_S)
+
+
+def _check_files() -> None:
+    while True:
+        check = _check_queue.get()
+        if check is None:
+            return
+        try:
+            _scan(check)
+        except Exception as err:  # pylint: disable=broad-except  # handed to every reader of the counts
+            check.error = err
+        finally:
+            _finish(check)
+
+
+def _finish(check: _FileCheck) -> None:
+    with _file_checks_lock:
+        check.done = True
+        subscribers, check.subscribers = check.subscribers, []
+        if check.error is not None and _file_checks.get(check.key) is check:
+            del _file_checks[check.key]  # the next reader checks the file again
+    for stats in subscribers:
+        stats._add(check, subscribed=True)  # pylint: disable=protected-access
+
+
+def _scan(check: _FileCheck) -> None:
+    """Counts the well-formed and malformed lines of one file; warns about the latter."""
+    layout, path = check.layout, check.path
+    rows = bad = 0
+    with _open(path) as f:
+        lineno = 0
+        if check.has_header:
+            f.readline()
+            lineno = 1
+        for line in f:
+            if _check_stop.is_set():
+                raise _CheckStopped(f"{path}: the check stopped at line {lineno} because the process exits.")
+            lineno += 1
+            reason = _problem(line, layout)
+            if reason is None:
+                rows += 1
+                continue
+            bad += 1
+            if bad <= MAX_WARNINGS_PER_FILE:
+                warnings.warn(f"{path}:{lineno}: skipped malformed line: {reason}", CriteoMalformedLineWarning, stacklevel=1)
+    if bad > MAX_WARNINGS_PER_FILE:
+        warnings.warn(
+            f"{path}: skipped {bad} malformed lines in all; only the first {MAX_WARNINGS_PER_FILE} were shown.",
+            CriteoMalformedLineWarning,
+            stacklevel=1,
+        )
+    check.rows, check.malformed = rows, bad
+
+
+def _split(line: bytes, layout: str) -> list[bytes]:
+    """A line's fields, as the pipeline splits them (see `CriteoReader._parse`)."""
+    line = line.rstrip(b"\r\n")
+    fields = line.split(_SEPARATORS[layout])
+    if layout == "csv":
+        fields = [m.group(1) if (m := _QUOTED_RE.fullmatch(v)) else v for v in fields]
+    return fields
+
+
+def _problem(line: bytes, layout: str) -> str | None:
+    """Why the pipeline skips `line`, or None when it reads it."""
+    fields = _split(line, layout)
+    if len(fields) != NUM_FIELDS:
+        return f"expected {NUM_FIELDS} {layout.upper()} fields, found {len(fields)}"
+    if fields[0] not in _LABELS:
+        return f"label must be 0 or 1; received {_quote(fields[0])}"
+    number = _NUMBER_RE[layout]
+    for name, value in zip(DENSE_NAMES, fields[1 : 1 + NUM_DENSE]):
+        if value and (len(value) > _MAX_NUMBER_CHARS or not number.fullmatch(value)):
+            return (
+                f"{name} must be {_NUMBER_KIND[layout]} of at most {_MAX_NUMBER_CHARS} characters, or empty; "
+                f"received {_quote(value)}"
+            )
+    return None
+
+
+def _quote(value: bytes) -> str:
+    return repr(value[:_QUOTE_CHARS].decode("utf-8", "replace"))
+
+
+# --- keys and files ---
 
 
 def criteo_keys(cat, vocab_size: int | None = None):
@@ -240,11 +538,23 @@ def _detect(path: str, fmt: str) -> tuple[str, bool]:
     return "tsv", False
 
 
-def _csv_float(text: bytes) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(text)
-    return value
+def _detached(dataset):
+    """The same dataset, rebuilt from its serialized graph, holding no Python function.
+
+    A dataset built eagerly registers its map and filter functions in this
+    process's eager context. When such a dataset outlives the connection to a
+    cluster (a batch peeked before `ParameterServerStrategy` was created),
+    deleting it later asks every task to remove functions they never had:
+    "Tried to remove non-existent function" errors in the log, some at exit.
+    The rebuilt dataset keeps its functions inside its graph; the Python
+    ones go away here, before any connection can happen.
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.ops import gen_experimental_dataset_ops  # pylint: disable=import-outside-toplevel
+
+    graph = dataset._as_serialized_graph(strip_device_assignment=True)  # pylint: disable=protected-access
+    variant = gen_experimental_dataset_ops.dataset_from_graph(graph)
+    return tf.data.experimental.from_variant(variant, dataset.element_spec)
 
 
 class CriteoReader:
@@ -261,19 +571,30 @@ class CriteoReader:
     * `label`: float32 [batch], 0 or 1 (Keras losses broadcast it against
       a [batch, 1] prediction).
 
+    The dataset is made of TensorFlow ops only (`TextLineDataset`,
+    `tf.strings`), so it can be built anywhere: iterated here, or built in a
+    `DatasetCreator`'s `dataset_fn`, where `ParameterServerStrategy` runs it
+    on each worker, before or after the cluster is created.
+
     A line is malformed when it does not have 40 fields, its label is not
-    0/1, or a dense field is neither empty nor an integer (a finite number
-    in the CSV variant). It is skipped, counted in `stats`, and reported as a
-    `CriteoMalformedLineWarning` "{path}:{lineno}: skipped malformed line:
-    {reason}" (the first `MAX_WARNINGS_PER_FILE` of each file pass, then one
-    summary). Categorical values are hashed as they are: a non-hex value is
-    not an error.
+    0/1 (or 0.0/1.0), or a dense field is neither empty nor an integer (a
+    decimal number in the CSV variant, exponent of at most 2 digits) of at
+    most 31 characters. The pipeline skips it; `dataset()` also starts a
+    check of the files in this process that counts such lines in `stats`
+    and warns about each (`CriteoMalformedLineWarning` "{path}:{lineno}:
+    skipped malformed line: {reason}", the first `MAX_WARNINGS_PER_FILE` of
+    each file, then one summary). Categorical values are hashed as they are:
+    a non-hex value is not an error. A CSV field in double quotes is read
+    without them.
 
     With an `input_context` the reader reads pipeline `input_pipeline_id`'s
     share: whole files when there are at least `num_input_pipelines` files
     (file i goes to pipeline i % num_input_pipelines), else lines (data line
     k of the concatenated files, header excluded, goes to pipeline
-    k % num_input_pipelines).
+    k % num_input_pipelines). `ParameterServerStrategy` gives every worker
+    a pipeline of one, so every worker reads all files; with
+    `shuffle_buffer` > 0 each worker has its own order unless `seed` (or
+    `tf.random.set_seed`) fixes one for all.
 
     Example:
 
@@ -293,18 +614,13 @@ class CriteoReader:
 
     Known limitations:
 
-    * `dataset()` parses in Python (`tf.data.Dataset.from_generator`), at
-      roughly 10^5 rows/s per reader on one core. Under
-      `ParameterServerStrategy` such a generator runs in the coordinator
-      (chief) process, not on the workers (tensorflow/tensorflow#48957), and
-      deleting the workers' iterators after `fit` deadlocked the chief's
-      next eager op (measured: 3 runs in 5 of examples/criteo_ps.py). Use
-      `graph_dataset()` there (`criteo_dataset_fn` does): TensorFlow ops
-      only, parsed on the workers, but with no `stats` and no warnings.
+    * `stats` counts the lines of whole files, read once by this process
+      (about 10**5 lines/s, one file at a time, in the background): not
+      what training has consumed, and for terabytes of data it is ready
+      hours after training starts. The files must be readable here too.
     * Sharding by line makes every pipeline read every line (it parses only
       its own); give at least as many files as pipelines for real data.
     * Shuffling mixes rows within `shuffle_buffer`; the file order is kept.
-    * `stats` counts what was parsed, which runs ahead of training.
 
     Args:
       paths: a file, a glob pattern, or a list of them (".gz" files are
@@ -364,6 +680,11 @@ class CriteoReader:
                 )
         if not isinstance(dense_missing_value, (int, float)) or not math.isfinite(dense_missing_value):
             raise ValueError(f"Argument `dense_missing_value` must be a finite number. Received: {dense_missing_value!r}.")
+        if stats is not None and not isinstance(stats, CriteoStats):
+            raise TypeError(
+                f"Argument `stats` must be a tf_psx.data.CriteoStats or None. Received: {stats!r}. "
+                "Fix: pass stats=tf_psx.data.CriteoStats(), and read its counts after reading the data."
+            )
         all_files = _expand(paths)
         num_pipelines, pipeline_id = 1, 0
         if input_context is not None:
@@ -395,58 +716,27 @@ class CriteoReader:
         return tuple(layout for layout, _ in self._layouts)
 
     def dataset(self):
-        """Returns the `tf.data.Dataset` of `(features, label)` batches."""
+        """Returns the `tf.data.Dataset` of `(features, label)` batches.
+
+        Also starts the check of the files that fills `stats` (once per file
+        per process). Built eagerly, the dataset is returned detached from
+        the Python functions it was built with, so that it may outlive a
+        later connection to a cluster; in a graph (a `dataset_fn` that
+        `ParameterServerStrategy` traces) it is returned as built.
+        """
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-        shuffled = self.shuffle_buffer > 0
-        static_batch = self.batch_size if (self.drop_remainder and not shuffled) else None
-        signature = (
-            tf.TensorSpec([static_batch], tf.float32),
-            tf.TensorSpec([static_batch, NUM_DENSE], tf.float32),
-            tf.TensorSpec([static_batch, NUM_CATEGORICAL], tf.string),
-        )
-        if shuffled:
-            ds = tf.data.Dataset.from_generator(lambda: self._batches(SHUFFLE_CHUNK_ROWS, False), output_signature=signature)
-            ds = ds.unbatch().shuffle(self.shuffle_buffer, seed=self.seed).batch(self.batch_size, self.drop_remainder)
-        else:
-            ds = tf.data.Dataset.from_generator(
-                lambda: self._batches(self.batch_size, self.drop_remainder), output_signature=signature
-            )
-        vocab_size = self.vocab_size
-
-        def to_features(label, dense, cat):
-            return {"dense": dense, "cat": criteo_keys(cat, vocab_size)}, label
-
-        return ds.map(to_features, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+        for path, (layout, has_header) in zip(self.files, self._layouts):
+            _watch(self.stats, path, layout, has_header)
+        if tf.executing_eagerly():
+            return _detached(self._pipeline())
+        return self._pipeline()
 
     def graph_dataset(self):
-        """Returns the same batches as `dataset()`, parsed by TensorFlow ops only.
+        """The same as `dataset()` (the name from when `dataset()` parsed in Python)."""
+        return self.dataset()
 
-        No Python runs per element: the pipeline is `TextLineDataset` and
-        `tf.strings` ops, so it runs wherever tf.data places it, e.g. on a
-        `ParameterServerStrategy` worker. `criteo_dataset_fn` uses it.
-
-        The differences from `dataset()`: malformed lines are skipped by the
-        same rules but neither counted in `stats` nor warned about (a worker
-        cannot reach the coordinator's Python); a quoted CSV field is
-        unquoted, and one holding a comma makes its line malformed; the
-        shuffle order differs.
-
-        Example:
-
-        >>> import os, tempfile
-        >>> from tf_psx.data import write_criteo_sample
-        >>> tmp = tempfile.TemporaryDirectory()
-        >>> path = os.path.join(tmp.name, "day_0.tsv")
-        >>> sample = write_criteo_sample(path, 200, seed=0, malformed=3)
-        >>> reader = CriteoReader(path, batch_size=64)
-        >>> labels = [float(x) for _, label in reader.graph_dataset() for x in label]
-        >>> len(labels), labels == sample.labels.tolist()  # the 3 bad lines skipped
-        (200, True)
-        >>> reader.stats.malformed  # not counted by graph_dataset
-        0
-        >>> tmp.cleanup()
-        """
+    def _pipeline(self):
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
         lines = None
@@ -459,33 +749,11 @@ class CriteoReader:
             lines = file_lines if lines is None else lines.concatenate(file_lines)
         num_pipelines, pipeline_id = self.line_shard
         if num_pipelines > 1:
-            # The data-line index across one pass of the files, as `_rows` counts it.
+            # The data-line index across one pass of the files, as the check counts lines.
             lines = lines.enumerate().filter(lambda index, _: index % num_pipelines == pipeline_id)
             lines = lines.map(lambda _, pair: pair)
         lines = lines.repeat(self.num_epochs)
-        missing = self.dense_missing_value
-
-        def parse(line, is_csv):
-            line = tf.strings.regex_replace(line, r"[\r\n]+$", "")
-            fields = tf.cond(
-                is_csv,
-                lambda: tf.strings.regex_replace(tf.strings.split(line, ","), '^"(.*)"$', "\\1"),
-                lambda: tf.strings.split(line, "\t"),
-            )
-            ok = tf.equal(tf.size(fields), NUM_FIELDS)
-            fields = tf.cond(ok, lambda: fields, lambda: tf.fill([NUM_FIELDS], ""))
-            label_text, dense_text, cat = fields[0], fields[1 : 1 + NUM_DENSE], fields[1 + NUM_DENSE :]
-            ok = ok & tf.reduce_any(tf.equal(label_text, list(_LABELS)))
-            number = tf.where(is_csv, _CSV_NUMBER, _TSV_NUMBER)
-            valid = tf.equal(dense_text, "") | tf.strings.regex_full_match(dense_text, number)
-            ok = ok & tf.reduce_all(valid)
-            safe = tf.where(valid & tf.not_equal(dense_text, ""), dense_text, "0")
-            raw = tf.strings.to_number(safe, tf.float64)
-            dense = tf.where(tf.equal(dense_text, ""), tf.constant(missing, tf.float64), tf.math.log1p(tf.maximum(raw, 0.0)))
-            label = tf.strings.to_number(tf.where(ok, label_text, "0"), tf.float32)
-            return ok, label, tf.cast(dense, tf.float32), cat
-
-        rows = lines.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        rows = lines.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         rows = rows.filter(lambda ok, *_: ok).map(lambda _, label, dense, cat: (label, dense, cat))
         if self.shuffle_buffer > 0:
             rows = rows.shuffle(self.shuffle_buffer, seed=self.seed)
@@ -497,107 +765,32 @@ class CriteoReader:
         ds = rows.batch(self.batch_size, self.drop_remainder)
         return ds.map(to_features, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
-    def _batches(self, rows_per_batch: int, drop_remainder: bool) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Yields (label [n], dense [n, 13], cat [n, 26] bytes) numpy batches."""
-        labels: list[float] = []
-        dense: list[list[float]] = []
-        cat: list[list[bytes]] = []
-        epoch = 0
-        while self.num_epochs is None or epoch < self.num_epochs:
-            # The data-line index across this epoch's files, for line sharding.
-            position = [0]
-            for path, (layout, has_header) in zip(self.files, self._layouts):
-                for label, dense_row, cat_row in self._rows(path, layout, has_header, position):
-                    labels.append(label)
-                    dense.append(dense_row)
-                    cat.append(cat_row)
-                    if len(labels) == rows_per_batch:
-                        yield self._to_arrays(labels, dense, cat)
-                        labels, dense, cat = [], [], []
-            epoch += 1
-        if labels and not drop_remainder:
-            yield self._to_arrays(labels, dense, cat)
+    def _parse(self, line, is_csv):
+        """One line -> (ok, label, dense [13], cat [26]), by `_problem`'s rules.
 
-    def _to_arrays(self, labels, dense, cat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        self.stats._add_rows(len(labels))  # pylint: disable=protected-access
-        raw = np.asarray(dense, dtype=np.float64)  # missing = nan, which maximum and log1p keep
-        out = np.log1p(np.maximum(raw, 0.0))
-        out[np.isnan(raw)] = self.dense_missing_value
-        return np.asarray(labels, np.float32), out.astype(np.float32), np.asarray(cat, dtype=object)
-
-    def _rows(self, path: str, layout: str, has_header: bool, position: list) -> Iterator[tuple[float, list, list]]:
-        """Yields the well-formed rows of this pipeline's share of one file.
-
-        `position[0]` is the data-line index of the file's first data line; it
-        is advanced past the file (a list, so that concurrent iterators of one
-        reader keep their own count).
+        No `tf.cond`: its branch functions stay alive in reference cycles
+        after the dataset is detached (see `_detached`).
         """
-        sep = _SEPARATORS[layout]
-        # int() refuses "3.5", "nan" and "inf"; float() takes "nan" and "inf",
-        # which the CSV check below refuses.
-        to_number: Callable[[bytes], float] = int if layout == "tsv" else float
-        check_finite = layout == "csv"
-        num_pipelines, pipeline_id = self.line_shard
-        index = position[0]
-        bad = 0
-        with _open(path) as f:
-            lineno = 0
-            if has_header:
-                f.readline()
-                lineno = 1
-            for line in f:
-                lineno += 1
-                mine = index % num_pipelines == pipeline_id
-                index += 1
-                if not mine:
-                    continue
-                line = line.rstrip(b"\r\n")
-                if layout == "csv" and b'"' in line:
-                    fields = [v.encode() for v in next(csv.reader([line.decode("utf-8", "replace")]))]
-                else:
-                    fields = line.split(sep)
-                reason = None
-                label = _LABELS.get(fields[0])
-                if len(fields) != NUM_FIELDS:
-                    reason = f"expected {NUM_FIELDS} {layout.upper()} fields, found {len(fields)}"
-                elif label is None:
-                    reason = f"label must be 0 or 1; received {fields[0][:_QUOTE_CHARS].decode('utf-8', 'replace')!r}"
-                else:
-                    try:
-                        dense_row = [to_number(v) if v else _NAN for v in fields[1 : 1 + NUM_DENSE]]
-                        # Every spelling of nan and inf has an "n"; finite numbers have none.
-                        if check_finite and b"n" in b"".join(fields[1 : 1 + NUM_DENSE]).lower():
-                            _ = [_csv_float(v) for v in fields[1 : 1 + NUM_DENSE] if v]
-                    except ValueError:
-                        reason = _dense_reason(fields, _csv_float if check_finite else int, layout)
-                if reason is not None:
-                    bad += 1
-                    self.stats._add_malformed(path)  # pylint: disable=protected-access
-                    if bad <= MAX_WARNINGS_PER_FILE:
-                        warnings.warn(
-                            f"{path}:{lineno}: skipped malformed line: {reason}", CriteoMalformedLineWarning, stacklevel=2
-                        )
-                    continue
-                yield label, dense_row, fields[1 + NUM_DENSE :]
-        position[0] = index
-        if bad > MAX_WARNINGS_PER_FILE:
-            warnings.warn(
-                f"{path}: skipped {bad} malformed lines in all; only the first {MAX_WARNINGS_PER_FILE} were shown.",
-                CriteoMalformedLineWarning,
-                stacklevel=2,
-            )
-        self.stats._add_file()  # pylint: disable=protected-access
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-
-def _dense_reason(fields: list[bytes], to_number: Callable[[bytes], float], layout: str) -> str:
-    kind = "an integer" if layout == "tsv" else "a finite number"
-    for name, value in zip(DENSE_NAMES, fields[1 : 1 + NUM_DENSE]):
-        try:
-            if value:
-                to_number(value)
-        except ValueError:
-            return f"{name} must be {kind} or empty; received {value[:_QUOTE_CHARS].decode('utf-8', 'replace')!r}"
-    return "a dense field is not a number"  # not reached: the caller saw a ValueError
+        line = tf.strings.regex_replace(line, _LINE_END, "")
+        fields = tf.strings.split(line, tf.where(is_csv, ",", "\t"))
+        fields = tf.where(is_csv, tf.strings.regex_replace(fields, _QUOTED, "\\1"), fields)
+        ok = tf.equal(tf.size(fields), NUM_FIELDS)
+        # Padded to 40 so the slices below hold for lines of any length; `ok` is already False.
+        fields = tf.concat([fields, tf.fill([NUM_FIELDS], "")], 0)[:NUM_FIELDS]
+        label_text, dense_text, cat = fields[0], fields[1 : 1 + NUM_DENSE], fields[1 + NUM_DENSE :]
+        ok = ok & tf.reduce_any(tf.equal(label_text, [v.decode() for v in _LABELS]))
+        number = tf.where(is_csv, _CSV_NUMBER, _TSV_NUMBER)
+        empty = tf.equal(dense_text, "")
+        valid = empty | (
+            (tf.strings.length(dense_text) <= _MAX_NUMBER_CHARS) & tf.strings.regex_full_match(dense_text, number)
+        )
+        ok = ok & tf.reduce_all(valid)
+        raw = tf.strings.to_number(tf.where(valid & ~empty, dense_text, "0"), tf.float64)
+        dense = tf.where(empty, tf.constant(self.dense_missing_value, tf.float64), tf.math.log1p(tf.maximum(raw, 0.0)))
+        label = tf.strings.to_number(tf.where(ok, label_text, "0"), tf.float32)
+        return ok, label, tf.cast(dense, tf.float32), cat
 
 
 def _check_int(name: str, value: Any, minimum: int, extra: str = "") -> None:
@@ -609,8 +802,11 @@ def _check_int(name: str, value: Any, minimum: int, extra: str = "") -> None:
 def criteo(paths: PathLike | Sequence[PathLike], batch_size: int, **kwargs):
     """Returns a `tf.data.Dataset` of Criteo `(features, label)` batches.
 
-    The same as `CriteoReader(paths, batch_size, **kwargs).dataset()`; pass
-    `stats=CriteoStats()` to read the counters.
+    The same as `CriteoReader(paths, batch_size, **kwargs).dataset()`: TF
+    ops only, so it may be iterated here, or built inside a
+    `DatasetCreator`'s `dataset_fn` for `ParameterServerStrategy`, and a
+    batch of it may be peeked before or after the cluster exists. Pass `stats=CriteoStats()` to read how many
+    lines the files hold and how many are malformed (skipped), per file.
 
     Example:
 
@@ -642,10 +838,11 @@ def criteo(paths: PathLike | Sequence[PathLike], batch_size: int, **kwargs):
 def criteo_dataset_fn(paths: PathLike | Sequence[PathLike], batch_size: int, **kwargs) -> Callable[[Any], Any]:
     """Returns `dataset_fn(input_context)` for `DatasetCreator`.
 
-    Each worker reads its own share of `paths` (see `CriteoReader`), parsed
-    by `CriteoReader.graph_dataset` (TensorFlow ops only, so it runs on the
-    worker; malformed lines are skipped uncounted). Files are checked here,
-    on the caller, before anything connects.
+    Each call builds `criteo(paths, batch_size, input_context=input_context,
+    **kwargs)`, so each worker reads its own share of `paths` (see
+    `CriteoReader`). The arguments, paths and CSV headers are validated
+    here, on the caller, before anything connects. `stats`, when given,
+    counts the malformed lines (see `CriteoStats`).
 
     Example:
 
@@ -663,15 +860,15 @@ def criteo_dataset_fn(paths: PathLike | Sequence[PathLike], batch_size: int, **k
     Args:
       paths: files or glob patterns.
       batch_size: rows per batch on each worker.
-      **kwargs: the keyword arguments of `CriteoReader` but `input_context`
-        and `stats`; pass repeat=True for ParameterServerStrategy's `fit`.
+      **kwargs: the keyword arguments of `CriteoReader` but `input_context`;
+        pass repeat=True for ParameterServerStrategy's `fit`.
 
     Returns:
       A function of a `tf.distribute.InputContext` that returns the dataset.
 
     Raises:
-      ValueError: for `input_context` or `stats` in kwargs, or what
-        `CriteoReader` refuses.
+      ValueError: for `input_context` in kwargs, or what `CriteoReader`
+        refuses.
       FileNotFoundError: when a path does not exist or a pattern matches
         nothing.
     """
@@ -680,19 +877,9 @@ def criteo_dataset_fn(paths: PathLike | Sequence[PathLike], batch_size: int, **k
             "Argument `input_context` is given by DatasetCreator to the returned dataset_fn. "
             "Fix: drop it from criteo_dataset_fn's arguments."
         )
-    if "stats" in kwargs:
-        raise ValueError(
-            "Argument `stats` cannot be counted by criteo_dataset_fn: its datasets are parsed by "
-            f"TensorFlow ops on the workers, which cannot update a Python object. Received: {kwargs['stats']!r}. "
-            "Fix: drop `stats`; to count malformed lines, read the files once with "
-            "`criteo(paths, batch_size, stats=CriteoStats())`."
-        )
     CriteoReader(paths, batch_size, **kwargs)  # validate now, on the coordinator
 
     def dataset_fn(input_context=None):
-        # TensorFlow ops only: a from_generator dataset on a ParameterServerStrategy
-        # worker calls back into the coordinator's Python, and deleting its
-        # iterator after fit deadlocked the coordinator's next eager op.
-        return CriteoReader(paths, batch_size, input_context=input_context, **kwargs).graph_dataset()
+        return criteo(paths, batch_size, input_context=input_context, **kwargs)
 
     return dataset_fn
