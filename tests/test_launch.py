@@ -52,9 +52,9 @@ def _launch(capsys, *argv):
     "argv, message",
     [
         (["--workers", "2", "--ps", "1"], r"command after `--` must be a non-empty list.*received \[\].*-- python train.py"),
-        (["--workers", "0", "--ps", "1", "--", PY], r"Option `--workers` must be an int >= 1; received 0\. Fix: pass e.g. --workers 2"),
-        (["--workers", "1", "--ps", "-1", "--", PY], r"Option `--ps` must be an int >= 1; received -1"),
-        (["--workers", "1", "--ps", "1", "--max-restarts", "-2", "--", PY], r"Option `--max-restarts` must be an int >= 0; received -2"),
+        (["--workers", "0", "--ps", "1", "--", PY], r"Option `--workers` must be an int >= 1\. Received: 0\. Fix: pass e.g. --workers 2"),
+        (["--workers", "1", "--ps", "-1", "--", PY], r"Option `--ps` must be an int >= 1\. Received: -1"),
+        (["--workers", "1", "--ps", "1", "--max-restarts", "-2", "--", PY], r"Option `--max-restarts` must be an int >= 0\. Received: -2"),
         (["--workers", "1", "--ps", "1", "--", "no-such-program-tf-psx"], r"'no-such-program-tf-psx', which is not on PATH"),
         (["--workers", "1", "--ps", "1", "--", "{not_executable}"], r"'.*/data.txt', which is not an executable file"),
     ],

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import snapshots as _snapshots
+from tf_psx import _checks, snapshots as _snapshots
 from tf_psx._tf import checkpoint as _checkpoint, fit_hooks as _fit_hooks, keras as _tf_keras, runtime as _runtime
 from tf_psx._tf import tfra as _tfra
 
@@ -68,15 +68,6 @@ DEFAULT_MONITOR_STEPS = 100
 # Bytes of one TFRA table key (int64).
 _TFRA_KEY_BYTES = 8
 _PS_TASK_RE = re.compile(r"/job:ps/replica:\d+/task:(\d+)")
-
-
-def _check_int(owner: str, name: str, value: Any, minimum: int, example: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(
-            f"Argument `{name}` of {owner} must be an int >= {minimum}. Received: {value!r}. "
-            f"Fix: pass e.g. {example}."
-        )
-    return int(value)
 
 
 def _check_path(owner: str, name: str, value: Any) -> str:
@@ -484,8 +475,8 @@ class StalenessBound(_RunCallback):
 
     def __init__(self, max_staleness: int, policy: Policy = "drop"):
         super().__init__()
-        self.max_staleness = _check_int("StalenessBound", "max_staleness", max_staleness, 0,
-                                        'StalenessBound(max_staleness=2, policy="drop")')
+        self.max_staleness = _checks.int_at_least(max_staleness, 0, "max_staleness", owner="StalenessBound",
+                                                  fix='pass e.g. StalenessBound(max_staleness=2, policy="drop")')
         if policy not in POLICIES:
             raise ValueError(
                 f"Argument `policy` of StalenessBound must be one of {', '.join(repr(p) for p in POLICIES)}. "
@@ -677,11 +668,11 @@ class PeriodicSync(_RunCallback):
 
     def __init__(self, every_n_steps: int, directory, max_to_keep: int = 3):
         super().__init__()
-        self.every_n_steps = _check_int("PeriodicSync", "every_n_steps", every_n_steps, 1,
-                                        'PeriodicSync(every_n_steps=100, directory="/tmp/run1")')
+        self.every_n_steps = _checks.int_at_least(every_n_steps, 1, "every_n_steps", owner="PeriodicSync",
+                                        fix='pass e.g. PeriodicSync(every_n_steps=100, directory="/tmp/run1")')
         self.directory = _check_path("PeriodicSync", "directory", directory)
-        self.max_to_keep = _check_int("PeriodicSync", "max_to_keep", max_to_keep, 1,
-                                      'PeriodicSync(100, "/tmp/run1", max_to_keep=3)')
+        self.max_to_keep = _checks.int_at_least(max_to_keep, 1, "max_to_keep", owner="PeriodicSync",
+                                        fix='pass e.g. PeriodicSync(100, "/tmp/run1", max_to_keep=3)')
         self.restored: Snapshot | None = None
         self.snapshot_seconds: list[float] = []
         self._step = 0
@@ -871,8 +862,8 @@ class ClusterMonitor(_RunCallback):
     def __init__(self, log_dir, every_n_steps: int = DEFAULT_MONITOR_STEPS, cluster=None):
         super().__init__()
         self.log_dir = _check_path("ClusterMonitor", "log_dir", log_dir)
-        self.every_n_steps = _check_int("ClusterMonitor", "every_n_steps", every_n_steps, 1,
-                                        'ClusterMonitor("/tmp/logs", every_n_steps=100)')
+        self.every_n_steps = _checks.int_at_least(every_n_steps, 1, "every_n_steps", owner="ClusterMonitor",
+                                        fix='pass e.g. ClusterMonitor("/tmp/logs", every_n_steps=100)')
         if cluster is not None and not all(hasattr(cluster, attr) for attr in ("pid", "processes", "config")):
             raise ValueError(
                 "Argument `cluster` of ClusterMonitor must be None or a tf_psx.LocalCluster. "

@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from tf_psx import _checks
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig, TFConfigError
 from tf_psx.errors import CommandError
 from tf_psx.k8s import DEFAULT_PORT, ManifestError, tfjob_manifest
@@ -350,18 +351,14 @@ def _read_criteo_column(path: str, column: str, rows: int):
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def _check_positive(option: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise CommandError(f"Option `{option}` must be an int >= 1. Received: {value}.")
-
-
 def _run_shard_report(args: argparse.Namespace) -> int:
     import json  # pylint: disable=import-outside-toplevel
     import os  # pylint: disable=import-outside-toplevel
     import types  # pylint: disable=import-outside-toplevel
 
     for option, value in (("--shards", args.shards), ("--rows", args.rows), ("--batch-size", args.batch_size)):
-        _check_positive(option, value)
+        if value is not None:
+            _checks.int_at_least(value, 1, f"Option `{option}`", error=CommandError)
     if not os.path.isfile(args.source):
         raise CommandError(f'SOURCE "{args.source}" is not a file. Fix: pass an existing .npy, text or Criteo file.')
     if args.column is not None:

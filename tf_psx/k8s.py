@@ -30,6 +30,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from tf_psx import _checks
 from tf_psx._tf.runtime import GRPC_FAIL_FAST_ENV, GRPC_FAIL_FAST_VALUE
 from tf_psx.cluster import PORT_RANGE
 from tf_psx.errors import ManifestError
@@ -121,12 +122,12 @@ def _show(value: Any) -> str:
 
 
 def _check_count(value: Any, argument: str, minimum: int, what: str, fix: str) -> int:
+    if _checks.is_int_at_least(value, minimum):
+        return value
     if not isinstance(value, int) or isinstance(value, bool):  # True is not 1 replica.
         received = f"{value!r} (a {type(value).__name__})"
-    elif value < minimum:
-        received = repr(value)
     else:
-        return value
+        received = repr(value)
     raise ManifestError(argument, f"must be an int >= {minimum} ({what}); received {received}. Fix: {fix}")
 
 

@@ -97,6 +97,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from tf_psx import _checks
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig
 from tf_psx.errors import LaunchError
@@ -319,15 +320,6 @@ def _exit_code(code: int) -> int:
     return SIGNAL_EXIT_BASE - code if code < 0 else code
 
 
-def _check_int(name: str, value: Any, minimum: int, example: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise LaunchError(
-            f"Option `--{name.replace('_', '-')}` must be an int >= {minimum}; received {value!r}. "
-            f"Fix: pass e.g. --{name.replace('_', '-')} {example}."
-        )
-    return value
-
-
 def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
@@ -414,9 +406,11 @@ class Launcher:
                 f"{program!r}, which is {'not an executable file' if os.sep in program else 'not on PATH'}. "
                 f"Fix: give the program by its path or install it, e.g. -- {sys.executable} train.py."
             )
-        self.num_workers = _check_int("workers", workers, 1, 2)
-        self.num_ps = _check_int("ps", ps, 1, 1)
-        self.max_restarts = _check_int("max_restarts", max_restarts, 0, DEFAULT_MAX_RESTARTS)
+        self.num_workers = _checks.int_at_least(workers, 1, "Option `--workers`", fix="pass e.g. --workers 2", error=LaunchError)
+        self.num_ps = _checks.int_at_least(ps, 1, "Option `--ps`", fix="pass e.g. --ps 1", error=LaunchError)
+        self.max_restarts = _checks.int_at_least(
+            max_restarts, 0, "Option `--max-restarts`", fix=f"pass e.g. --max-restarts {DEFAULT_MAX_RESTARTS}", error=LaunchError
+        )
         self.evaluator = bool(evaluator)
         self.isolate = bool(isolate)
         if self.isolate and not sys.platform.startswith("linux"):

@@ -15,6 +15,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from tf_psx import _checks
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime, shadows as _shadows, tfra as _tfra
 
 __all__ = ["ShardedEmbedding", "DynamicEmbedding", "balanced_permutation"]
@@ -121,10 +122,8 @@ class ShardedEmbedding(_keras.layers.Embedding):
     """
 
     def __init__(self, input_dim: int, output_dim: int, balance: bool = True, dedup: bool = True, **embedding_kwargs):
-        if isinstance(input_dim, bool) or not isinstance(input_dim, (int, np.integer)) or input_dim < 1:
-            raise ValueError(
-                f"Argument `input_dim` of ShardedEmbedding must be an int >= 1. Received: {input_dim!r}."
-            )
+        _checks.int_at_least(input_dim, 1, "input_dim", owner="ShardedEmbedding",
+                             fix="pass the vocabulary size, e.g. ShardedEmbedding(10_000, 16)")
         if balance and input_dim > MAX_BALANCED_INPUT_DIM:
             raise ValueError(
                 f"Argument `input_dim` of ShardedEmbedding must be <= {MAX_BALANCED_INPUT_DIM} with "
@@ -291,8 +290,8 @@ class DynamicEmbedding(_keras.layers.Layer):
 
     def __init__(self, output_dim: int, key_dtype=tf.int64, initializer=None, name: str | None = None, **tfra_kwargs):
         super().__init__(name=name)
-        if isinstance(output_dim, bool) or not isinstance(output_dim, (int, np.integer)) or output_dim < 1:
-            raise ValueError(f"Argument `output_dim` of DynamicEmbedding must be an int >= 1. Received: {output_dim!r}.")
+        _checks.int_at_least(output_dim, 1, "output_dim", owner="DynamicEmbedding",
+                             fix="pass the embedding width, e.g. DynamicEmbedding(16)")
         key_dtype = tf.as_dtype(key_dtype)
         if key_dtype not in (tf.int64, tf.string):
             raise ValueError(

@@ -22,6 +22,7 @@ import tempfile
 import time
 from typing import Any
 
+from tf_psx import _checks
 from tf_psx._tf import runtime as _runtime
 from tf_psx.cluster import ClusterConfig
 from tf_psx.errors import TaskFailedError
@@ -99,15 +100,6 @@ def port_is_listening(port: int, host: str = LOOPBACK) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def _check_count(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"Argument `{name}` must be an int >= {minimum}. Received: {value!r}. "
-            f"Fix: pass LocalCluster({name}={max(minimum, 1)}) or more."
-        )
-    return value
-
-
 class LocalCluster:
     """A parameter-server cluster on this machine, as a context manager.
 
@@ -159,8 +151,8 @@ class LocalCluster:
         log_dir: str | None = None,
         start_timeout_s: float = TASK_START_TIMEOUT_S,
     ):
-        self.num_workers = _check_count("num_workers", num_workers, 1)
-        self.num_ps = _check_count("num_ps", num_ps, 1)
+        self.num_workers = _checks.int_at_least(num_workers, 1, "num_workers", fix="pass LocalCluster(num_workers=1) or more")
+        self.num_ps = _checks.int_at_least(num_ps, 1, "num_ps", fix="pass LocalCluster(num_ps=1) or more")
         self.processes = bool(processes)
         if not self.processes and self.num_workers > MAX_INPROCESS_WORKERS:
             raise ValueError(

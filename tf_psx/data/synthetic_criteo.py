@@ -24,6 +24,7 @@ from typing import Literal, Union, get_args
 
 import numpy as np
 
+from tf_psx import _checks
 from tf_psx.data.criteo import CSV_HEADER, NUM_CATEGORICAL, NUM_DENSE
 from tf_psx.data.synthetic import roc_auc
 
@@ -122,11 +123,6 @@ class CriteoSample:
     def rows(self) -> int:
         """The number of well-formed rows."""
         return len(self.labels)
-
-
-def _check_int(name: str, value, minimum: int, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"Argument `{name}` must be an int >= {minimum}. Received: {value!r}. Fix: {fix}")
 
 
 def _zipf_probs(size: int) -> np.ndarray:
@@ -262,14 +258,14 @@ def write_criteo_sample(
     Raises:
       ValueError: for an invalid argument.
     """
-    _check_int("rows", rows, 1, "pass the number of well-formed rows to write, e.g. rows=200.")
+    _checks.int_at_least(rows, 1, "rows", fix="pass the number of well-formed rows to write, e.g. rows=200.")
     if layout not in LAYOUTS:
         raise ValueError(
             f"Argument `layout` must be one of {LAYOUTS}. Received: {layout!r}. "
             "Fix: pass 'tsv' for the Kaggle/Terabyte layout or 'csv' for the CSV with a header."
         )
-    _check_int("seed", seed, 0, "pass a non-negative int; the same seed gives the same file.")
-    _check_int("malformed", malformed, 0, "pass 0 for a clean file, or the number of bad lines to mix in.")
+    _checks.int_at_least(seed, 0, "seed", fix="pass a non-negative int; the same seed gives the same file.")
+    _checks.int_at_least(malformed, 0, "malformed", fix="pass 0 for a clean file, or the number of bad lines to mix in.")
     path = os.fspath(path)
     sep = "\t" if layout == "tsv" else ","
     labels, dense, cat, probs = _draw_rows(rows, np.random.default_rng([seed, _ROWS_STREAM]))

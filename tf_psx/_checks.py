@@ -1,0 +1,57 @@
+"""Argument checks shared by every module: one message form, built from the check itself.
+
+The form is "<subject> must be <expected>. Received: <value>. Fix: <fix>",
+where the subject is "Argument `name` of Owner" (or the option a command
+line names, e.g. "Option `--workers`").
+
+Example:
+
+>>> int_at_least(3, 1, "num_shards", owner="FixedShardsPartitioner", fix="pass 2")
+3
+>>> try:
+...     int_at_least(True, 1, "num_ps", fix="pass 1 or more")
+... except ValueError as err:
+...     print(err)
+Argument `num_ps` must be an int >= 1. Received: True. Fix: pass 1 or more.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def is_int_at_least(value: Any, minimum: int) -> bool:
+    """True for an int (not a bool; numpy ints count) that is >= `minimum`."""
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= minimum
+
+
+def subject(name: str, owner: str | None = None) -> str:
+    """"Argument `name` of Owner", or `name` itself when it already names an option."""
+    if name.startswith("Option "):
+        return name
+    return f"Argument `{name}`" + (f" of {owner}" if owner else "")
+
+
+def int_at_least(value: Any, minimum: int, name: str, *, owner: str | None = None, fix: str = "",
+                 error: type[Exception] = ValueError) -> int:
+    """Returns `value` as an int when it is an int >= `minimum`; else raises `error`.
+
+    Args:
+      value: what was received.
+      minimum: the smallest value allowed.
+      name: the argument's name, or an option label ("Option `--ps`").
+      owner: the class or function the argument belongs to.
+      fix: what to do instead (a sentence without its final period).
+      error: the exception class (a tf_psx.errors class for the CLI and the launcher).
+
+    Raises:
+      `error`: naming the argument, the expected form, the value and the fix.
+    """
+    if is_int_at_least(value, minimum):
+        return int(value)
+    message = f"{subject(name, owner)} must be an int >= {minimum}. Received: {value!r}."
+    if fix:
+        message += f" Fix: {fix.rstrip('.')}."
+    raise error(message)
