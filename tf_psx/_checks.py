@@ -35,7 +35,7 @@ def subject(name: str, owner: str | None = None) -> str:
 
 
 def int_at_least(value: Any, minimum: int, name: str, *, owner: str | None = None, fix: str = "",
-                 error: type[Exception] = ValueError) -> int:
+                 error: type[Exception] = ValueError, or_none: bool = False) -> int | None:
     """Returns `value` as an int when it is an int >= `minimum`; else raises `error`.
 
     Args:
@@ -45,13 +45,17 @@ def int_at_least(value: Any, minimum: int, name: str, *, owner: str | None = Non
       owner: the class or function the argument belongs to.
       fix: what to do instead (a sentence without its final period).
       error: the exception class (a tf_psx.errors class for the CLI and the launcher).
+      or_none: None is allowed too (and returned).
 
     Raises:
       `error`: naming the argument, the expected form, the value and the fix.
     """
+    if or_none and value is None:
+        return None
     if is_int_at_least(value, minimum):
         return int(value)
-    message = f"{subject(name, owner)} must be an int >= {minimum}. Received: {value!r}."
+    expected = f"an int >= {minimum}" + (" or None" if or_none else "")
+    message = f"{subject(name, owner)} must be {expected}. Received: {value!r}."
     if fix:
         message += f" Fix: {fix.rstrip('.')}."
     raise error(message)

@@ -16,6 +16,7 @@ fails loudly when an upgrade moves one of them.
 | `exact_updates` | the per-variable lock around tf-keras optimizer updates and TFRA table updates |
 | `weights` | `Layer.set_weights` taking unsharded lists |
 | `checkpoint` | which objects a checkpoint restore matched |
+| `data` | a tf.data dataset rebuilt from its serialized graph |
 
 Importing this package is cheap: no module here imports TensorFlow at import
 time except through the functions that need it.

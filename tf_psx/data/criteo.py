@@ -43,6 +43,9 @@ from typing import IO, Any, Callable, Literal, Sequence, Union, get_args
 
 import numpy as np
 
+from tf_psx import _checks
+from tf_psx._tf import data as _tf_data
+
 __all__ = [
     "CriteoMalformedLineWarning",
     "CriteoReader",
@@ -235,10 +238,12 @@ class CriteoStats:
             return dict(self._by_file)
 
     def _subscribe(self) -> None:
+        """Counts one more file check to wait for (called by the reader)."""
         with self._cond:
             self._pending += 1
 
     def _add(self, check: "_FileCheck", subscribed: bool) -> None:
+        """Adds a finished file check's counts, once per file (called by the reader)."""
         with self._cond:
             if subscribed:
                 self._pending -= 1
@@ -317,9 +322,9 @@ def _watch(stats: CriteoStats, path: str, layout: str, has_header: bool) -> None
         subscribed = not check.done
         if subscribed:
             check.subscribers.append(stats)
-            stats._subscribe()  # pylint: disable=protected-access
+            stats._subscribe()  # pylint: disable=protected-access  (tf_psx's own class)
     if not subscribed:
-        stats._add(check, subscribed=False)  # pylint: disable=protected-access
+        stats._add(check, subscribed=False)  # pylint: disable=protected-access  (tf_psx's own class)
 
 
 def _start_checker() -> None:
@@ -361,7 +366,7 @@ def _finish(check: _FileCheck) -> None:
         if check.error is not None and _file_checks.get(check.key) is check:
             del _file_checks[check.key]  # the next reader checks the file again
     for stats in subscribers:
-        stats._add(check, subscribed=True)  # pylint: disable=protected-access
+        stats._add(check, subscribed=True)  # pylint: disable=protected-access  (tf_psx's own class)
 
 
 def _scan(check: _FileCheck) -> None:
@@ -538,25 +543,6 @@ def _detect(path: str, fmt: str) -> tuple[str, bool]:
     return "tsv", False
 
 
-def _detached(dataset):
-    """The same dataset, rebuilt from its serialized graph, holding no Python function.
-
-    A dataset built eagerly registers its map and filter functions in this
-    process's eager context. When such a dataset outlives the connection to a
-    cluster (a batch peeked before `ParameterServerStrategy` was created),
-    deleting it later asks every task to remove functions they never had:
-    "Tried to remove non-existent function" errors in the log, some at exit.
-    The rebuilt dataset keeps its functions inside its graph; the Python
-    ones go away here, before any connection can happen.
-    """
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tensorflow.python.ops import gen_experimental_dataset_ops  # pylint: disable=import-outside-toplevel
-
-    graph = dataset._as_serialized_graph(strip_device_assignment=True)  # pylint: disable=protected-access
-    variant = gen_experimental_dataset_ops.dataset_from_graph(graph)
-    return tf.data.experimental.from_variant(variant, dataset.element_spec)
-
-
 class CriteoReader:
     """Streams Criteo files into `({"dense", "cat"}, label)` batches.
 
@@ -665,14 +651,13 @@ class CriteoReader:
         seed: int | None = None,
         stats: CriteoStats | None = None,
     ):
-        _check_int("batch_size", batch_size, 1)
+        _checks.int_at_least(batch_size, 1, "batch_size")
         if format not in FORMATS:
             raise ValueError(f"Argument `format` must be one of {FORMATS}. Received: {format!r}.")
-        if vocab_size is not None:
-            _check_int("vocab_size", vocab_size, 1, "or None")
-        _check_int("shuffle_buffer", shuffle_buffer, 0)
+        _checks.int_at_least(vocab_size, 1, "vocab_size", or_none=True)
+        _checks.int_at_least(shuffle_buffer, 0, "shuffle_buffer")
+        _checks.int_at_least(num_epochs, 1, "num_epochs", or_none=True)
         if num_epochs is not None:
-            _check_int("num_epochs", num_epochs, 1, "or None")
             if repeat:
                 raise ValueError(
                     f"Arguments `repeat=True` and `num_epochs={num_epochs!r}` contradict each other. "
@@ -729,7 +714,7 @@ class CriteoReader:
         for path, (layout, has_header) in zip(self.files, self._layouts):
             _watch(self.stats, path, layout, has_header)
         if tf.executing_eagerly():
-            return _detached(self._pipeline())
+            return _tf_data.dataset_without_python_functions(self._pipeline())
         return self._pipeline()
 
     def graph_dataset(self):
@@ -791,12 +776,6 @@ class CriteoReader:
         dense = tf.where(empty, tf.constant(self.dense_missing_value, tf.float64), tf.math.log1p(tf.maximum(raw, 0.0)))
         label = tf.strings.to_number(tf.where(ok, label_text, "0"), tf.float32)
         return ok, label, tf.cast(dense, tf.float32), cat
-
-
-def _check_int(name: str, value: Any, minimum: int, extra: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        suffix = f" {extra}" if extra else ""
-        raise ValueError(f"Argument `{name}` must be an int >= {minimum}{suffix}. Received: {value!r}.")
 
 
 def criteo(paths: PathLike | Sequence[PathLike], batch_size: int, **kwargs):
