@@ -97,7 +97,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from tf_psx import _checks
+from tf_psx import _checks, _supervisor
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig
 from tf_psx.errors import LaunchError
@@ -132,7 +132,7 @@ DEFAULT_MAX_RESTARTS = 3
 # within this, which is short next to the ~3 s a task needs to import TF.
 POLL_S = 0.1
 # SIGTERM first so that a task can exit on its own; SIGKILL after this.
-STOP_GRACE_S = 5.0
+STOP_GRACE_S = _supervisor.STOP_GRACE_S
 # A chief that exits with an error is usually reacting to a dead ps; the ps'
 # death (SIGKILL is immediate, a lost pipe takes a poll or two) is looked for
 # this long before the chief's error is taken as its own.
@@ -161,7 +161,6 @@ _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 0x1
 _IFREQ = "16sH22x"  # struct ifreq: the name, then the flags, padded to 40 bytes.
-_PR_SET_PDEATHSIG = 1
 
 
 # --- helpers for the training command ----------------------------------------
@@ -324,31 +323,6 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
-class _Task:
-    """One task process: its command, environment, log and reader thread."""
-
-    def __init__(self, task_type_: str, index: int, argv: list[str], env: dict[str, str], log_path: str):
-        self.task_type = task_type_
-        self.index = index
-        self.argv = argv
-        self.env = env
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-        self.reader: threading.Thread | None = None
-        self.ready = threading.Event()
-        self.starts = 0
-
-    @property
-    def name(self) -> str:
-        return f"{self.task_type}:{self.index}"
-
-    def poll(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-
 class Launcher:
     """Runs a parameter-server job on this machine and keeps it running.
 
@@ -424,7 +398,7 @@ class Launcher:
         self._err = err
         self._lock = threading.Lock()
         self._signal: int | None = None
-        self._tasks: dict[tuple[str, int], _Task] = {}
+        self._tasks: dict[tuple[str, int], _supervisor.TaskProcess] = {}
         self.restarts = 0
         self.config: ClusterConfig | None = None
 
@@ -588,14 +562,10 @@ class Launcher:
         base[_runtime.GRPC_FAIL_FAST_ENV] = _runtime.GRPC_FAIL_FAST_VALUE
         # Lines must reach the prefixer as they are printed, not when a buffer fills.
         base["PYTHONUNBUFFERED"] = "1"
-        server_env = dict(base)
-        # Keep the servers' TF quiet and on the CPU; the chief owns any GPU.
-        server_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        server_env.setdefault("CUDA_VISIBLE_DEVICES", "")
         server_argv = [sys.executable, "-m", "tf_psx.server"]
         for task_type_, count in (("ps", self.num_ps), ("worker", self.num_workers)):
             for index in range(count):
-                env = dict(server_env, **{TF_CONFIG_ENV: self.config.to_json(task_type_, index)})
+                env = _supervisor.server_env(base, self.config.to_json(task_type_, index))
                 self._add_task(task_type_, index, server_argv, env)
         user_env = dict(base, **{SNAPSHOT_DIR_ENV: self.snapshot_dir, CHIEF_ATTEMPT_ENV: "0"})
         self._add_task("chief", 0, self.command, dict(user_env, **{TF_CONFIG_ENV: self.config.to_json("chief", 0)}))
@@ -606,9 +576,11 @@ class Launcher:
 
     def _add_task(self, task_type_: str, index: int, argv: list[str], env: dict[str, str]) -> None:
         path = os.path.join(self.log_dir, f"{task_type_}-{index}.log")
-        self._tasks[(task_type_, index)] = _Task(task_type_, index, list(argv), env, path)
+        self._tasks[(task_type_, index)] = _supervisor.TaskProcess(
+            task_type_, index, argv, env, path, echo=self._echo, orphan_exit=EXIT_GAVE_UP
+        )
 
-    def _servers(self, task_type_: str | None = None) -> list[_Task]:
+    def _servers(self, task_type_: str | None = None) -> list[_supervisor.TaskProcess]:
         return [
             task
             for task in self._tasks.values()
@@ -676,7 +648,7 @@ class Launcher:
             f"{job}:{index} {address}" for job, addresses in jobs.items() for index, address in enumerate(addresses)
         )
 
-    def _wait_for_dead_ps(self) -> _Task | None:
+    def _wait_for_dead_ps(self) -> _supervisor.TaskProcess | None:
         deadline = time.monotonic() + PS_FAILURE_GRACE_S
         while True:
             for task in self._servers("ps"):
@@ -686,7 +658,7 @@ class Launcher:
                 return None
             time.sleep(POLL_S)
 
-    def _recover_ps(self, failed: _Task, chief: _Task) -> int | None:
+    def _recover_ps(self, failed: _supervisor.TaskProcess, chief: _supervisor.TaskProcess) -> int | None:
         """Restarts every ps and then the chief; returns an exit status to give up with, or None."""
         if self.restarts >= self.max_restarts:
             return self._give_up(failed, "exited")
@@ -712,13 +684,13 @@ class Launcher:
         self._spawn(chief)
         return None
 
-    def _on_signal(self, chief: _Task) -> int:
+    def _on_signal(self, chief: _supervisor.TaskProcess) -> int:
         signum = self._signal
         self._say(f"received {signal.Signals(signum).name}; stopping every task")
         # The chief gets the signal itself (a Ctrl-C is a KeyboardInterrupt
         # there) so that it can end cleanly; its status is the launcher's.
         if chief.alive():
-            _signal_group(chief.proc, signum)
+            chief.signal(signum)
         self._stop([chief], first_signal=None)
         code = chief.poll()
         return _exit_code(code if code is not None else -signum)
@@ -734,7 +706,7 @@ class Launcher:
         while task.alive() and time.monotonic() < deadline and self._signal is None:
             time.sleep(POLL_S)
 
-    def _give_up(self, task: _Task, what: str) -> int:
+    def _give_up(self, task: _supervisor.TaskProcess, what: str) -> int:
         self._say(
             f"giving up: {task.name} {what} with status {_describe_status(task.poll())} after "
             f"{self.restarts} restart(s) (--max-restarts {self.max_restarts}); its log is {task.log_path}"
@@ -743,114 +715,38 @@ class Launcher:
 
     # -- processes ---------------------------------------------------------
 
-    def _spawn(self, task: _Task) -> None:
-        if task.reader is not None:
-            task.reader.join(timeout=STOP_GRACE_S)
-        task.ready.clear()
-        task.starts += 1
-        libc = _libc()
-        parent = os.getpid()
-
-        def _child_setup():  # runs in the child, before exec
-            os.setsid()  # its own process group: stopped as a whole, and shielded from the terminal's Ctrl-C
-            # Die with the launcher even when it is killed with SIGKILL.
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent:
-                os._exit(EXIT_GAVE_UP)  # pylint: disable=protected-access
-
-        log = open(task.log_path, "ab")  # pylint: disable=consider-using-with
-        if task.starts > 1:
-            log.write(f"--- {PREFIX}: start {task.starts} of {task.name} ---\n".encode())
-            log.flush()
+    def _spawn(self, task: _supervisor.TaskProcess) -> None:
         try:
-            task.proc = subprocess.Popen(  # pylint: disable=consider-using-with
-                task.argv,
-                env=task.env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=_child_setup,  # pylint: disable=subprocess-popen-preexec-fn
-            )
+            task.start(banner=PREFIX)
         except OSError as err:
-            log.close()
             raise LaunchError(
                 f"{task.name}: cannot run {task.argv[0]!r} ({err.strerror}). Fix: check the command "
                 "after `--` (the program must be on PATH or given by its path)."
             ) from None
-        task.reader = threading.Thread(
-            target=self._pump, args=(task, task.proc.stdout, log), name=f"tf-psx-{task.name}", daemon=True
-        )
-        task.reader.start()
 
-    def _pump(self, task: _Task, stream, log) -> None:
-        from tf_psx.server import READY_MARK  # pylint: disable=import-outside-toplevel
+    def _echo(self, task: _supervisor.TaskProcess, line: str) -> None:
+        with self._lock:
+            self.out.write(f"[{task.name}] {line}\n")
+            self.out.flush()
 
-        mark = READY_MARK.encode()
-        prefix = f"[{task.name}] "
-        try:
-            for line in iter(stream.readline, b""):
-                log.write(line)
-                log.flush()
-                if mark in line:
-                    task.ready.set()
-                text = line.decode("utf-8", errors="replace").rstrip("\n")
-                with self._lock:
-                    self.out.write(prefix + text + "\n")
-                    self.out.flush()
-        finally:
-            stream.close()
-            log.close()
-
-    def _wait_ready(self, tasks: list[_Task]) -> _Task | None:
+    def _wait_ready(self, tasks: list[_supervisor.TaskProcess]) -> _supervisor.TaskProcess | None:
         """Waits until every task listens; returns a task that died first, or None."""
-        deadline = time.monotonic() + TASK_START_TIMEOUT_S
-        pending = list(tasks)
-        while pending and self._signal is None:
-            for task in list(pending):
-                if task.ready.is_set():
-                    pending.remove(task)
-                elif not task.alive():
-                    return task
-            if pending and time.monotonic() > deadline:
-                self._say(f"{pending[0].name} did not listen within {TASK_START_TIMEOUT_S:.0f} s")
-                return pending[0]
-            time.sleep(POLL_S)
-        return None
+        failed = _supervisor.wait_ready(tasks, TASK_START_TIMEOUT_S, interrupted=lambda: self._signal is not None)
+        if failed is None:
+            return None
+        task, what = failed
+        if what.startswith("did not listen"):
+            self._say(f"{task.name} {what}")
+        return task
 
-    def _stop(self, tasks: list[_Task], first_signal: int | None = signal.SIGTERM) -> None:
-        """Signals each task's process group, then SIGKILLs what is left after the grace."""
-        running = [task for task in tasks if task.alive()]
-        if first_signal is not None:
-            for task in running:
-                _signal_group(task.proc, first_signal)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for task in running:
-            try:
-                task.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(task.proc, signal.SIGKILL)
-                task.proc.wait()
-        for task in tasks:
-            if task.proc is not None:
-                # The group may hold children of the command; none may outlive it.
-                _signal_group(task.proc, signal.SIGKILL)
-                task.proc.wait()
-            if task.reader is not None:
-                task.reader.join(timeout=STOP_GRACE_S)
+    @staticmethod
+    def _stop(tasks: list[_supervisor.TaskProcess], first_signal: int | None = signal.SIGTERM) -> None:
+        _supervisor.stop(tasks, first_signal)
 
     def _stop_all(self) -> None:
         order = ["chief", "evaluator", "worker", "ps"]
         tasks = sorted(self._tasks.values(), key=lambda task: order.index(task.task_type))
         self._stop(tasks)
-
-
-def _signal_group(proc: subprocess.Popen, signum: int) -> None:
-    try:
-        os.killpg(proc.pid, signum)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        proc.send_signal(signum)
 
 
 def _copy_lines(stream, target, lock: threading.Lock) -> None:

@@ -11,18 +11,13 @@ Two modes:
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
 
-from tf_psx import _checks
+from tf_psx import _checks, _supervisor
 from tf_psx._tf import runtime as _runtime
 from tf_psx.cluster import ClusterConfig
 from tf_psx.errors import TaskFailedError
@@ -32,12 +27,10 @@ LOOPBACK = "127.0.0.1"
 # machine loaded by a parallel test run) before it listens; past this a
 # cluster that cannot come up raises instead of waiting on.
 TASK_START_TIMEOUT_S = 60.0
-# How often we look at a starting task's port.
+# The bound on a single connection attempt to a port.
 TASK_POLL_S = 0.1
 # SIGTERM first so the task can exit on its own; SIGKILL after this grace.
-TASK_STOP_GRACE_S = 5.0
-# Lines of a failed task's log quoted in the error.
-LOG_TAIL_LINES = 20
+TASK_STOP_GRACE_S = _supervisor.STOP_GRACE_S
 TASK_TYPES = ("worker", "ps")
 
 # In-process gRPC servers cannot be stopped in TF 2.16 (Server.stop() raises
@@ -74,23 +67,6 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
-
-
-# prctl(2) option: the kernel sends the given signal to a child when the
-# thread that forked it exits.
-_PR_SET_PDEATHSIG = 1
-_EXIT_ORPHANED = 1
-
-
-def _die_with_parent(parent: int) -> None:
-    """Runs in a forked task before exec: own session; SIGKILL when `parent` dies (Linux)."""
-    os.setsid()
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: tasks outlive a killed coordinator
-        return
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(_EXIT_ORPHANED)  # pylint: disable=protected-access
 
 
 def port_is_listening(port: int, host: str = LOOPBACK) -> bool:
@@ -173,11 +149,7 @@ class LocalCluster:
         self._log_dir_arg = log_dir
         self.log_dir: str | None = None
         self.config: ClusterConfig | None = None
-        self._procs: dict[tuple[str, int], subprocess.Popen] = {}
-        self._logs: dict[tuple[str, int], Any] = {}
-        # Where each task's log stood when it was (re)started: its ready mark
-        # must come after that.
-        self._log_offsets: dict[tuple[str, int], int] = {}
+        self._tasks: dict[tuple[str, int], _supervisor.TaskProcess] = {}
         self._started = False
 
     # -- lifecycle ---------------------------------------------------------
@@ -196,11 +168,7 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Stops every task process and waits for it (no-op in-process)."""
-        for key in list(self._procs):
-            self._stop_task(key)
-        for handle in self._logs.values():
-            handle.close()
-        self._logs.clear()
+        _supervisor.stop(list(self._tasks.values()), grace_s=TASK_STOP_GRACE_S)
         self._started = False
 
     def __enter__(self) -> "LocalCluster":
@@ -225,7 +193,7 @@ class LocalCluster:
 
     def pid(self, task_type: str, index: int) -> int:
         """The pid of a task process (processes=True only)."""
-        return self._proc(task_type, index).pid
+        return self._task(task_type, index).pid
 
     def kill(self, task_type: str, index: int) -> None:
         """Kills a task process with SIGKILL and waits until it is gone.
@@ -234,23 +202,21 @@ class LocalCluster:
           task_type: "worker" or "ps".
           index: the task index.
         """
-        proc = self._proc(task_type, index)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        self._task(task_type, index).kill()
 
     def restart(self, task_type: str, index: int) -> None:
         """Restarts a task process on its old port and waits until it listens."""
         key = self._key(task_type, index)
         self._require_processes("restart")
         self._require_started(f"restart({task_type!r}, {index})")
-        self._stop_task(key)
-        self._spawn(key)
-        self._wait_ready([key])
+        task = self._tasks[key]
+        _supervisor.stop([task], grace_s=TASK_STOP_GRACE_S)
+        task.start()
+        self._wait_ready([task])
 
     def alive(self, task_type: str, index: int) -> bool:
         """True when the task process is running."""
-        return self._proc(task_type, index).poll() is None
+        return self._task(task_type, index).alive()
 
     def log_path(self, task_type: str, index: int) -> str:
         """The log file of a task process."""
@@ -301,100 +267,34 @@ class LocalCluster:
         )
         keys = [("ps", i) for i in range(self.num_ps)]
         keys += [("worker", i) for i in range(self.num_workers)]
-        for key in keys:
-            self._spawn(key)
-        self._wait_ready(keys)
+        for task_type, index in keys:
+            env = _supervisor.server_env(os.environ, self.config.to_json(task_type, index))
+            task = _supervisor.TaskProcess(
+                task_type, index, [sys.executable, "-m", "tf_psx.server"], env, self.log_path(task_type, index)
+            )
+            self._tasks[(task_type, index)] = task
+            # A Ctrl-C in a notebook or terminal does not reach the tasks
+            # (their own session; stop() ends them), and a coordinator killed
+            # outright takes them with it (PR_SET_PDEATHSIG).
+            task.start()
+        self._wait_ready(list(self._tasks.values()))
 
-    def _spawn(self, key: tuple[str, int]) -> None:
-        task_type, index = key
-        env = dict(os.environ)
-        env["TF_CONFIG"] = self.config.to_json(task_type, index)
-        env[_runtime.GRPC_FAIL_FAST_ENV] = _runtime.GRPC_FAIL_FAST_VALUE
-        # Keep the task's TF quiet and on the CPU; the chief owns any GPU.
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        env.setdefault("CUDA_VISIBLE_DEVICES", "")
-        old = self._logs.pop(key, None)
-        if old is not None:
-            old.close()
-        log = open(self.log_path(task_type, index), "ab")  # pylint: disable=consider-using-with
-        self._logs[key] = log
-        self._log_offsets[key] = log.tell()
-        self._procs[key] = subprocess.Popen(  # pylint: disable=consider-using-with
-            [sys.executable, "-m", "tf_psx.server"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            # A Ctrl-C in a notebook or terminal must not kill the tasks
-            # behind the chief's back (stop() ends them), but a coordinator
-            # killed outright must not leave them running either.
-            preexec_fn=functools.partial(_die_with_parent, os.getpid()),  # pylint: disable=subprocess-popen-preexec-fn
-        )
-
-    def _wait_ready(self, keys: list[tuple[str, int]]) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
-        pending = list(keys)
-        while pending:
-            for key in list(pending):
-                proc = self._procs[key]
-                if proc.poll() is not None:
-                    raise TaskFailedError(self._failure_message(key, "exited while starting"))
-                if self._logged_ready(key):
-                    pending.remove(key)
-            if pending and time.monotonic() > deadline:
-                raise TaskFailedError(
-                    self._failure_message(
-                        pending[0],
-                        f"did not listen within {self.start_timeout_s:.0f} s (LocalCluster(start_timeout_s=...) "
-                        "waits longer on a loaded machine)",
-                    )
-                )
-            if pending:
-                time.sleep(TASK_POLL_S)
-
-    def _logged_ready(self, key: tuple[str, int]) -> bool:
+    def _wait_ready(self, tasks: list) -> None:
         # The task prints READY_MARK once its server listens. Waiting for the
         # mark, not for the port, keeps another program that holds the port
         # from passing for the task.
-        from tf_psx.server import READY_MARK  # pylint: disable=import-outside-toplevel
-
-        with open(self.log_path(*key), "rb") as handle:
-            handle.seek(self._log_offsets[key])
-            return READY_MARK.encode() in handle.read()
-
-    def _failure_message(self, key: tuple[str, int], what: str) -> str:
-        task_type, index = key
-        path = self.log_path(task_type, index)
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                tail = "".join(handle.readlines()[-LOG_TAIL_LINES:])
-        except OSError:
-            tail = "(no log)"
-        code = self._procs[key].poll()
-        return (
-            f"LocalCluster task {task_type}:{index} {what} (exit status {code}); "
-            f"its log is {path}. Last lines:\n{tail}"
+        failed = _supervisor.wait_ready(tasks, self.start_timeout_s)
+        if failed is None:
+            return
+        task, what = failed
+        if what.startswith("did not listen"):
+            what += " (LocalCluster(start_timeout_s=...) waits longer on a loaded machine)"
+        raise TaskFailedError(
+            f"LocalCluster task {task.name} {what} (exit status {task.poll()}); "
+            f"its log is {task.log_path}. Last lines:\n{task.log_tail()}"
         )
 
-    def _stop_task(self, key: tuple[str, int]) -> None:
-        proc = self._procs.get(key)
-        if proc is None or proc.poll() is not None:
-            if proc is not None:
-                proc.wait()
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=TASK_STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
     # -- helpers -----------------------------------------------------------
-
-    def _port(self, key: tuple[str, int]) -> int:
-        task_type, index = key
-        addresses = self.config.workers if task_type == "worker" else self.config.ps
-        return int(addresses[index].rsplit(":", 1)[1])
 
     def _key(self, task_type: str, index: int) -> tuple[str, int]:
         if task_type not in TASK_TYPES:
@@ -408,11 +308,11 @@ class LocalCluster:
             )
         return task_type, index
 
-    def _proc(self, task_type: str, index: int) -> subprocess.Popen:
+    def _task(self, task_type: str, index: int) -> _supervisor.TaskProcess:
         self._require_processes("kill/restart/alive/pid")
         key = self._key(task_type, index)
         self._require_started(f"{task_type}:{index}")
-        return self._procs[key]
+        return self._tasks[key]
 
     def _require_processes(self, what: str) -> None:
         if not self.processes:
