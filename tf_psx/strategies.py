@@ -69,12 +69,6 @@ def wait_until_reachable(jobs: dict, timeout_s: float) -> None:
       jobs: a cluster spec as a dict, {"worker": [...], "ps": [...], ...}.
       timeout_s: the bound on the wait, in seconds.
 
-    Attributes:
-      exact_updates: as passed.
-      num_workers: the worker tasks of the cluster.
-      cluster_config: the `tf_psx.ClusterConfig`, or None when a resolver
-        was given.
-
     Raises:
       ClusterUnreachableError: naming each task that did not listen in time.
     """
