@@ -28,9 +28,9 @@ PYTEST_PARALLEL := -n 2 --dist loadfile --durations=15
 test: install
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
-# Everything but the real multi-process tests.
+# The unit tier: no session cluster, no task processes (conftest.py marks it).
 test-fast: install
-	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not processes"
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m unit
 
 # Every benchmark, then docs/benchmarks.md from bench/results/*.json (~40 min on 2 cores).
 BENCHES := overhead shard_balance dedup_bytes vocab_scaling dynamic_vs_static convergence

@@ -7,6 +7,7 @@ real task processes.
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -56,14 +57,64 @@ def run_script(name: str, *args: str, env: dict | None = None, timeout: float = 
     )
 
 
+# Fixtures that put a test in the cluster tier.
+CLUSTER_FIXTURES = ("ps_strategy", "local_cluster")
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _cluster_first(ps_strategy):
+def _cluster_first(request):
     """Connects to the session cluster before any test builds a model.
 
     A process that made TFRA tables before connecting cannot use a cluster
     afterwards (tf_psx.LocalResourcesError), so the connection comes first.
+    A run of the unit tier alone (`-m unit`, `make test-fast`) starts no
+    cluster at all.
     """
-    return ps_strategy
+    if "unit" in (request.config.getoption("-m") or ""):
+        return None
+    return request.getfixturevalue("ps_strategy")
+
+
+def _needs_cluster(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    seen, todo = set(), [name for name in info.argnames]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for fixturedef in info.name2fixturedefs.get(name, ()):
+            todo.extend(fixturedef.argnames)
+    return any(name in seen for name in CLUSTER_FIXTURES)
+
+
+# A test whose body contains one of these starts a cluster or a TF process of
+# its own (a script, an example, a LocalCluster): not the unit tier.
+OWN_CLUSTER_TOKENS = ("run_script(", "LocalCluster(", "_run_example(", "sys.executable")
+
+
+def _starts_its_own_cluster(item) -> bool:
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        return True
+    return any(token in source for token in OWN_CLUSTER_TOKENS)
+
+
+def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
+    """Marks the unit tier: no session cluster, no cluster or TF process of its own.
+
+    Doctests stay out of it: some build TFRA tables, which must come after
+    the cluster connection in a process that also runs cluster tests.
+    """
+    for item in items:
+        if (isinstance(item, pytest.DoctestItem) or item.get_closest_marker("processes")
+                or _needs_cluster(item) or _starts_its_own_cluster(item)):
+            continue
+        item.add_marker(pytest.mark.unit)
 
 
 # The Criteo files of the tests are generated (tf_psx.data.write_criteo_sample),

@@ -69,6 +69,7 @@ def test_three_workers_on_task_processes_with_steps_per_execution():
 
 def test_private_hooks_are_where_they_were_read():
     """Fails loudly when a TF / tf-keras / TFRA upgrade moves what _exact_updates patches."""
+    _exact_updates.install()
     base = _exact_updates._base_optimizer_class()  # pylint: disable=protected-access
     assert base.__name__ == "_BaseOptimizer"
     assert "_update_step" in base.__dict__ and "_update_step_xla" in base.__dict__
