@@ -16,18 +16,29 @@ with --data, e.g. the 200 real rows of examples/data/criteo_kaggle_sample.tsv:
 * `ClusterMonitor` writes TensorBoard scalars (throughput, bytes per ps
   task, staleness) to <out>/logs;
 * `export_serving` writes a SavedModel that serves with no cluster; the
-  script loads it and checks it predicts what the trained model predicts.
+  script loads it in a fresh Python process (no cluster, no tf_psx) and
+  checks that it predicts what the trained model predicts.
 
-On 200 rows this is a smoke run, not a benchmark: the loss it reports is the
-training loss. Exits 1 when the served predictions differ from the model's.
+Two workers by default: their asynchronous updates of the hash table are
+exact (tf_psx/_tf/exact_updates.py): one worker's update of a row never
+overwrites another's.
 
-    python examples/criteo_ps.py [--out DIR] [--steps 60] [--data FILE ...]
+On 200 rows this is a smoke run, not a benchmark: the loss and AUC it
+reports are measured on the rows it trained on. Exits 1 when the served
+predictions differ from the model's.
+
+`main()` returns the numbers as a dict; run as a script, the last line printed
+is `RESULT {...}`, that dict as JSON (tests/test_examples.py reads it).
+
+    python examples/criteo_ps.py [--out DIR] [--steps 60] [--workers 2] [--data FILE ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +50,7 @@ import tf_psx  # routes tf.keras to tf-keras; import before using tf.keras
 import tensorflow as tf
 
 from tf_psx.callbacks import ClusterMonitor, PeriodicSync, StalenessBound
-from tf_psx.data import CriteoStats, criteo, criteo_dataset_fn, write_criteo_sample
+from tf_psx.data import CriteoStats, criteo, criteo_dataset_fn, roc_auc, write_criteo_sample
 from tf_psx.data.criteo import NUM_CATEGORICAL, NUM_DENSE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,8 +60,24 @@ REAL_SAMPLE = os.path.join(REPO, "examples", "data", "criteo_kaggle_sample.tsv")
 GENERATED_ROWS = 200
 BATCH_SIZE = 32  # per worker
 EMBED_DIM = 8
+# Several workers, as a real job has; their table updates are exact.
+DEFAULT_WORKERS = 2
+# The trained and the served model are compared on the first EVAL_ROWS rows
+# of the data: every row of the generated sample.
+EVAL_ROWS = 256
 # The served model runs the same float32 graph on the same values.
 SERVING_TOLERANCE = 1e-5
+
+# Run in a fresh Python: loads the SavedModel with TensorFlow alone and writes
+# its predictions for the features in FEATURES_NPZ to OUT_NPY.
+SERVE_SCRIPT = """
+import sys
+import numpy as np
+import tensorflow as tf
+path, features_npz, out_npy = sys.argv[1:]
+features = {name: tf.constant(value) for name, value in np.load(features_npz).items()}
+np.save(out_npy, tf.saved_model.load(path).signatures["serving_default"](**features)["click"].numpy())
+"""
 
 
 def build_model() -> tf.keras.Model:
@@ -64,7 +91,27 @@ def build_model() -> tf.keras.Model:
     return tf.keras.Model({"dense": dense, "cat": cat}, click)
 
 
-def main(argv: list[str] | None = None) -> int:
+def log_loss(labels: np.ndarray, probs: np.ndarray) -> float:
+    """Mean binary cross-entropy of click probabilities `probs` [n] against 0/1 `labels` [n]."""
+    probs = np.clip(np.asarray(probs, np.float64).reshape(-1), 1e-7, 1 - 1e-7)
+    labels = np.asarray(labels, np.float64).reshape(-1)
+    return float(-np.mean(labels * np.log(probs) + (1 - labels) * np.log(1 - probs)))
+
+
+def serve_in_fresh_process(path: str, features: dict, scratch: str) -> np.ndarray:
+    """The SavedModel's predictions [rows, 1], computed by a Python with no cluster and no tf_psx.
+
+    `features` ({"dense": [rows, 13], "cat": [rows, 26]}) and the predictions
+    pass through files in `scratch`.
+    """
+    features_npz, out_npy = os.path.join(scratch, "serve_features.npz"), os.path.join(scratch, "served.npy")
+    np.savez(features_npz, **{name: value.numpy() for name, value in features.items()})
+    subprocess.run([sys.executable, "-c", SERVE_SCRIPT, path, features_npz, out_npy], check=True)
+    return np.load(out_npy)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Trains, snapshots, monitors and exports; returns the numbers (see the end of this function)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", nargs="+", default=None,
                         help=f"Criteo files (TSV or CSV with header), e.g. {REAL_SAMPLE}; "
@@ -74,13 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--sync-every", type=int, default=20, help="steps between snapshots")
     parser.add_argument("--max-staleness", type=int, default=4)
-    parser.add_argument("--workers", type=int, default=1, help="worker tasks (see the DynamicEmbedding docstring on several workers)")
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="worker tasks")
     args = parser.parse_args(argv)
     out = args.out or tempfile.mkdtemp(prefix="criteo_ps-")
     start = time.time()
+    bayes_auc = None  # known for generated rows only
     if args.data is None:
         generated = os.path.join(tempfile.mkdtemp(prefix="criteo_ps-data-"), "criteo_generated.tsv")
-        args.data = [write_criteo_sample(generated, GENERATED_ROWS, seed=0).path]
+        sample = write_criteo_sample(generated, GENERATED_ROWS, seed=0)
+        args.data, bayes_auc = [sample.path], sample.bayes_auc
         print(f"input: {GENERATED_ROWS} generated Criteo rows in {generated} (real rows: --data {REAL_SAMPLE})")
 
     # Checked here, before any server starts: a missing file fails at once.
@@ -92,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2")
         with strategy.scope():
             model = build_model()
-            # Adagrad: its cost per step follows the rows touched (DESIGN.md).
+            # Adagrad: its cost per step follows the rows touched (docs/benchmarks.md, vocab_scaling).
             model.compile(tf.keras.optimizers.Adagrad(0.05), "binary_crossentropy")
 
         sync = PeriodicSync(every_n_steps=args.sync_every, directory=os.path.join(out, "snapshots"))
@@ -107,28 +156,52 @@ def main(argv: list[str] | None = None) -> int:
         )
         if sync.restored is not None:
             print(f"resumed from the snapshot of step {sync.restored.step}")
+        snapshots = [snapshot.step for snapshot in PeriodicSync.snapshots(os.path.join(out, "snapshots"))]
+        keys = int(model.get_layer("categories").size())
         print(f"training loss {history.history['loss'][-1]:.4f}   staleness max "
               f"{max(history.history['staleness_max'])}   dropped gradients {sum(history.history['dropped_gradients'])}")
-        print(f"snapshots at steps {[s.step for s in PeriodicSync.snapshots(os.path.join(out, 'snapshots'))]}")
+        print(f"snapshots at steps {snapshots}")
         print(f"monitor: {monitor.last_values.get('throughput/examples_per_sec', 0):.0f} examples/s; "
               f"TensorBoard: tensorboard --logdir {os.path.join(out, 'logs')}")
-        print(f"category keys learned: {model.get_layer('categories').size()}")
+        print(f"category keys learned: {keys}")
 
         path = tf_psx.export_serving(model, os.path.join(out, "serving"), overwrite=True)
-        # One batch of the data, in the file's order, to compare both models on.
-        features, _ = next(iter(criteo(args.data, 64, stats=CriteoStats())))
+        # The first rows of the data, in the file's order, to compare both models on.
+        features, labels = next(iter(criteo(args.data, EVAL_ROWS, stats=CriteoStats())))
         trained = model(features, training=False).numpy()
 
-    served = tf.saved_model.load(path).signatures["serving_default"](**features)["click"].numpy()
-    gap = float(np.abs(served - trained).max())
-    print(f"exported to {path}; served vs trained predictions: max difference {gap:.2e}   "
-          f"({time.time() - start:.0f} s)")
-    if gap > SERVING_TOLERANCE:
-        print(f"FAIL: the served model differs from the trained one by {gap} (> {SERVING_TOLERANCE}).",
-              file=sys.stderr)
-        return 1
-    return 0
+    served = serve_in_fresh_process(path, features, out)
+    labels = labels.numpy()
+    result = {
+        "data": args.data,
+        "workers": args.workers,
+        "train_loss": history.history["loss"][-1],
+        # Measured on rows the model trained on: a smoke test of learning, not a holdout score.
+        "train_auc": roc_auc(labels, trained),
+        "train_log_loss": log_loss(labels, trained),
+        # Predicting the rows' click rate p for every row: -p log p - (1-p) log(1-p).
+        "base_rate_log_loss": log_loss(labels, np.full(len(labels), labels.mean())),
+        "bayes_auc": bayes_auc,
+        "staleness_max": max(history.history["staleness_max"]),
+        "dropped_gradients": sum(history.history["dropped_gradients"]),
+        "restored_step": None if sync.restored is None else sync.restored.step,
+        "snapshots": snapshots,
+        "keys_learned": keys,
+        "export_max_diff": float(np.abs(served - trained).max()),
+        "export_path": path,
+        "seconds": time.time() - start,
+    }
+    print(f"on the {len(labels)} rows it trained on: AUC {result['train_auc']:.4f}, log loss "
+          f"{result['train_log_loss']:.4f} (click rate alone {result['base_rate_log_loss']:.4f})")
+    print(f"exported to {path}; served vs trained predictions: max difference {result['export_max_diff']:.2e}   "
+          f"({result['seconds']:.0f} s)")
+    return result
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    RESULT = main()
+    print("RESULT " + json.dumps(RESULT), flush=True)
+    if RESULT["export_max_diff"] > SERVING_TOLERANCE:
+        print(f"FAIL: the served model differs from the trained one by {RESULT['export_max_diff']} "
+              f"(> {SERVING_TOLERANCE}).", file=sys.stderr)
+        sys.exit(1)

@@ -13,18 +13,25 @@ losses, a custom update, extra metrics), drive the coordinator directly:
 The step is a `tf.function` that calls `strategy.run`. Exits 1 when the
 model does not clearly beat chance on held-out data.
 
+`main()` returns the numbers as a dict (the mean loss of every report, the
+holdout AUC and log loss, and what they compare with); run as a script, the
+last line printed is `RESULT {...}`, that dict as JSON (tests/test_examples.py
+reads it).
+
     python examples/custom_loop.py [--steps 300] [--processes]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide TF's C++ start-up chatter
 
+import numpy as np
 import tf_psx  # routes tf.keras to tf-keras; import before using tf.keras
 import tensorflow as tf
 
@@ -51,7 +58,15 @@ def build_model(num_rows: int) -> tf.keras.Model:
     return tf.keras.Model(ids, click)
 
 
-def main(argv: list[str] | None = None) -> int:
+def log_loss(labels: np.ndarray, probs: np.ndarray) -> float:
+    """Mean binary cross-entropy of click probabilities `probs` [n] against 0/1 `labels` [n]."""
+    probs = np.clip(np.asarray(probs, np.float64).reshape(-1), 1e-7, 1 - 1e-7)
+    labels = np.asarray(labels, np.float64).reshape(-1)
+    return float(-np.mean(labels * np.log(probs) + (1 - labels) * np.log(1 - probs)))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Trains with schedule/join and evaluates; returns the numbers (see the end of this function)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=600, help="steps in all (over all workers)")
     parser.add_argument("--processes", action="store_true", help="run tasks as processes")
@@ -100,25 +115,42 @@ def main(argv: list[str] | None = None) -> int:
 
         scheduled = 0
         last_loss = None
+        reports = []  # (steps run so far, mean loss of the steps since the previous report)
         while scheduled < args.steps:
             chunk = min(STEPS_PER_REPORT, args.steps - scheduled)
             for _ in range(chunk):
                 last_loss = coordinator.schedule(train_step, args=(per_worker_iterator,))
             coordinator.join()  # every step scheduled so far has run
             scheduled += chunk
-            print(f"steps {scheduled:5d}   mean loss {loss_metric.result().numpy():.4f}   "
+            reports.append((scheduled, float(loss_metric.result().numpy())))
+            print(f"steps {scheduled:5d}   mean loss {reports[-1][1]:.4f}   "
                   f"last step's loss {last_loss.fetch():.4f}", flush=True)
             loss_metric.reset_state()
 
-        scores = model(holdout.ids, training=False)
-        auc = roc_auc(holdout.labels, tf.reshape(scores, [-1]).numpy())
-    print(f"holdout AUC {auc:.4f}   best possible (Bayes) AUC {holdout.bayes_auc:.4f}   "
-          f"gap {holdout.bayes_auc - auc:.4f}   ({time.time() - start:.0f} s)")
-    if auc < MIN_AUC:
-        print(f"FAIL: AUC {auc:.4f} does not clearly beat chance (needs >= {MIN_AUC}).", file=sys.stderr)
-        return 1
-    return 0
+        scores = tf.reshape(model(holdout.ids, training=False), [-1]).numpy()
+        iterations = int(optimizer.iterations.numpy())
+    result = {
+        "report_steps": [steps for steps, _ in reports],
+        "report_losses": [loss for _, loss in reports],
+        "iterations": iterations,  # updates the optimizer applied: one per step
+        "auc": roc_auc(holdout.labels, scores),
+        "bayes_auc": holdout.bayes_auc,  # the planted model's AUC: no model beats it but by chance
+        "log_loss": log_loss(holdout.labels, scores),
+        # Predicting the holdout's click rate p for every example: -p log p - (1-p) log(1-p).
+        "base_rate_log_loss": log_loss(holdout.labels, np.full(len(scores), holdout.labels.mean())),
+        "bayes_log_loss": log_loss(holdout.labels, holdout.probs),
+        "seconds": time.time() - start,
+    }
+    print(f"holdout AUC {result['auc']:.4f}   best possible (Bayes) AUC {result['bayes_auc']:.4f}   "
+          f"gap {result['bayes_auc'] - result['auc']:.4f}   ({result['seconds']:.0f} s)")
+    print(f"holdout log loss {result['log_loss']:.4f}   click rate alone {result['base_rate_log_loss']:.4f}   "
+          f"Bayes {result['bayes_log_loss']:.4f}")
+    return result
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    RESULT = main()
+    print("RESULT " + json.dumps(RESULT), flush=True)
+    if RESULT["auc"] < MIN_AUC:
+        print(f"FAIL: AUC {RESULT['auc']:.4f} does not clearly beat chance (needs >= {MIN_AUC}).", file=sys.stderr)
+        sys.exit(1)

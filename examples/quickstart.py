@@ -2,8 +2,12 @@
 
 Starts a LocalCluster (2 workers, 2 ps), shards the embedding table over the
 ps tasks, trains with `model.fit`, and compares the holdout AUC with the best
-AUC possible on the data (the planted model's). Exits 1 when the model does
+AUC possible on the data (the planted model's), and the holdout log loss with
+that of the best constant guess (the click rate). Exits 1 when the model does
 not clearly beat chance.
+
+`main()` returns the numbers as a dict; run as a script, the last line printed
+is `RESULT {...}`, that dict as JSON (tests/test_examples.py reads it).
 
     python examples/quickstart.py [--steps 300] [--processes]
 """
@@ -11,12 +15,14 @@ not clearly beat chance.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide TF's C++ start-up chatter
 
+import numpy as np
 import tf_psx  # routes tf.keras to tf-keras; import before using tf.keras
 import tensorflow as tf
 
@@ -42,7 +48,15 @@ def build_model(num_rows: int) -> tf.keras.Model:
     return tf.keras.Model(ids, click)
 
 
-def main(argv: list[str] | None = None) -> int:
+def log_loss(labels: np.ndarray, probs: np.ndarray) -> float:
+    """Mean binary cross-entropy of click probabilities `probs` [n] against 0/1 `labels` [n]."""
+    probs = np.clip(np.asarray(probs, np.float64).reshape(-1), 1e-7, 1 - 1e-7)
+    labels = np.asarray(labels, np.float64).reshape(-1)
+    return float(-np.mean(labels * np.log(probs) + (1 - labels) * np.log(1 - probs)))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Trains and evaluates; returns the holdout numbers (see the end of this function)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2400, help="training steps in all")
     parser.add_argument("--epochs", type=int, default=3)
@@ -56,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2")
         with strategy.scope():
             model = build_model(data.num_rows)
-            # Adagrad's cost per step follows the rows touched (DESIGN.md).
+            # Adagrad: its cost per step follows the rows touched (docs/benchmarks.md, vocab_scaling).
             model.compile(
                 tf.keras.optimizers.Adagrad(0.05), "binary_crossentropy", steps_per_execution=10
             )
@@ -66,22 +80,33 @@ def main(argv: list[str] | None = None) -> int:
             ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
             return ds.shuffle(10_000, seed=input_context.input_pipeline_id).repeat().batch(BATCH_SIZE)
 
-        model.fit(
+        history = model.fit(
             tf.keras.utils.experimental.DatasetCreator(dataset_fn),
             epochs=args.epochs,
             steps_per_epoch=max(1, args.steps // args.epochs),
             verbose=2 if not sys.stdout.isatty() else 1,
         )
-        scores = model(holdout.ids, training=False)
-        auc = roc_auc(holdout.labels, tf.reshape(scores, [-1]).numpy())
-    elapsed = time.time() - start
-    print(f"holdout AUC {auc:.4f}   best possible (Bayes) AUC {holdout.bayes_auc:.4f}   "
-          f"gap {holdout.bayes_auc - auc:.4f}   ({elapsed:.0f} s)")
-    if auc < MIN_AUC:
-        print(f"FAIL: AUC {auc:.4f} does not clearly beat chance (needs >= {MIN_AUC}).", file=sys.stderr)
-        return 1
-    return 0
+        scores = tf.reshape(model(holdout.ids, training=False), [-1]).numpy()
+    result = {
+        "auc": roc_auc(holdout.labels, scores),
+        "bayes_auc": holdout.bayes_auc,  # the planted model's AUC: no model beats it but by chance
+        "log_loss": log_loss(holdout.labels, scores),
+        # Predicting the holdout's click rate p for every example: -p log p - (1-p) log(1-p).
+        "base_rate_log_loss": log_loss(holdout.labels, np.full(len(scores), holdout.labels.mean())),
+        "bayes_log_loss": log_loss(holdout.labels, holdout.probs),
+        "train_loss": history.history["loss"][-1],
+        "seconds": time.time() - start,
+    }
+    print(f"holdout AUC {result['auc']:.4f}   best possible (Bayes) AUC {result['bayes_auc']:.4f}   "
+          f"gap {result['bayes_auc'] - result['auc']:.4f}   ({result['seconds']:.0f} s)")
+    print(f"holdout log loss {result['log_loss']:.4f}   click rate alone {result['base_rate_log_loss']:.4f}   "
+          f"Bayes {result['bayes_log_loss']:.4f}")
+    return result
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    RESULT = main()
+    print("RESULT " + json.dumps(RESULT), flush=True)
+    if RESULT["auc"] < MIN_AUC:
+        print(f"FAIL: AUC {RESULT['auc']:.4f} does not clearly beat chance (needs >= {MIN_AUC}).", file=sys.stderr)
+        sys.exit(1)

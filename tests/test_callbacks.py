@@ -483,4 +483,27 @@ def test_three_workers_one_slow_gives_stale_gradients_and_drop_counts_them(tmp_p
     assert sum(scale["dropped"]) == 0 and scale["applied"] == scale["steps"]
     assert max(scale["staleness_max"]) >= 1
     assert scale["monitor"]["ps/0/rss_bytes"] > 50e6  # a TF process holds at least 50 MB
-    assert scale["monitor"]["staleness/mean"] >= 0
+    for run in (drop, scale):
+        _assert_staleness_mean_agrees_with_the_histogram(run)
+    # The monitor's mean covers the steps since its previous write: within the epoch's range.
+    assert 0 <= scale["monitor"]["staleness/mean"] <= max(scale["staleness_max"])
+
+
+def _assert_staleness_mean_agrees_with_the_histogram(run: dict) -> None:
+    """The epochs' `staleness_mean` is the mean of the staleness histogram of their steps.
+
+    Each of the 2 epochs measures its STEPS steps (`histogram_total` is 2 *
+    STEPS), so the mean of the two epoch means is sum(s * count[s]) / total.
+    The report holds count[s] for s < 12 only; the steps at 12 or more (`rest`)
+    add between 12 and the largest staleness seen each.
+    """
+    counts = run["histogram"]
+    seen = len(counts)
+    total, rest = run["histogram_total"], run["histogram_total"] - sum(counts)
+    below = sum(staleness * count for staleness, count in enumerate(counts))
+    low, high = (below + seen * rest) / total, (below + max(max(run["staleness_max"]), seen) * rest) / total
+    mean = sum(run["staleness_mean"]) / len(run["staleness_mean"])
+    assert len(run["staleness_mean"]) == 2 and total == run["steps"]
+    assert low - 1e-6 <= mean <= high + 1e-6, (mean, low, high, run)
+    # Stale gradients were seen (staleness_max >= 1 above), so the mean is not 0.
+    assert mean > 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -43,11 +45,51 @@ def test_from_spec_builds_tf_size_partitioners(spec, attr, value):
     assert getattr(P.from_spec(spec), attr) == value
 
 
-def test_min_size_spec_caps_at_one_shard_per_ps():
-    # 1M rows x 8 floats = 32 MB; at 256k per shard TF would cut 122 shards.
+def _tf_size_partitioners():
     import tensorflow as tf
 
-    assert P.from_spec("min_size:256k", num_ps=2)(shape=tf.TensorShape([1_000_000, 8]), dtype=tf.float32) == [2, 1]
+    return tf, tf.distribute.experimental.partitioners
+
+
+def test_min_size_spec_without_a_ps_count_is_tfs_partitioner_with_tfs_defaults():
+    tf, tf_partitioners = _tf_size_partitioners()
+    # TF's default cap is one shard; the spec keeps it when it has no ps count.
+    tf_default = inspect.signature(tf_partitioners.MinSizePartitioner).parameters["max_shards"].default
+    assert tf_default == 1
+    ours, theirs = P.from_spec("min_size:256k"), tf_partitioners.MinSizePartitioner(min_shard_bytes=256 << 10)
+    assert type(ours) is type(theirs)
+    assert vars(ours) == vars(theirs)  # min_shard_bytes, max_shards and bytes_per_string
+    # 1M rows x 8 float32 = 32 MB: TF's default never splits it.
+    assert ours(tf.TensorShape([1_000_000, 8]), tf.float32) == [1, 1]
+
+
+@pytest.mark.parametrize("rows, num_ps, want", [
+    (1_000_000, 2, [2, 1]),  # 32 MB: 122 shards of 256 KiB, capped at one per ps
+    (1_000_000, 8, [8, 1]),
+    # TF's rule: ceil(bytes / min_shard_bytes) shards, at most max_shards.
+    (10_000, 8, [2, 1]),     # 320,000 B / 262,144 = 1.2: 2 shards, not 8
+    (16_384, 8, [2, 1]),     # exactly 2 x 256 KiB
+    (16_385, 8, [3, 1]),     # 32 B more: a third shard
+    (1_000, 2, [1, 1]),      # 32 KB < 256 KiB: stays whole
+])
+def test_min_size_spec_with_the_ps_count_caps_tfs_partitioner_at_one_shard_per_ps(rows, num_ps, want):
+    # What TF's ParameterServerStrategy docs call the commonly used partitioner:
+    # MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=num_ps).
+    tf, tf_partitioners = _tf_size_partitioners()
+    theirs = tf_partitioners.MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=num_ps)
+    ours = P.from_spec("min_size:256k", num_ps=num_ps)
+    assert vars(ours) == vars(theirs)
+    shape = tf.TensorShape([rows, 8])
+    assert ours(shape, tf.float32) == theirs(shape, tf.float32) == want
+
+
+def test_max_size_spec_is_tfs_partitioner_with_tfs_default_cap():
+    tf, tf_partitioners = _tf_size_partitioners()
+    assert inspect.signature(tf_partitioners.MaxSizePartitioner).parameters["max_shards"].default is None
+    ours = P.from_spec("max_size:16m", num_ps=2)  # the ps count does not cap it
+    assert vars(ours) == vars(tf_partitioners.MaxSizePartitioner(max_shard_bytes=16 << 20))
+    # 1M rows x 16 float32 = 64 MB: 4 shards of 16 MiB, more than the 2 ps tasks.
+    assert ours(tf.TensorShape([1_000_000, 16]), tf.float32) == [4, 1]
 
 
 def test_per_ps_spec_binds_the_ps_count():

@@ -1,8 +1,8 @@
 """Optimizers whose cost per step follows the rows touched, not the table size.
 
-Measured here (TF 2.16.2, tf-keras 2.16, 1 worker, 2 ps, batch 256 x 8 ids,
-dim 32): stock tf-keras `Adam` and `SGD` take 18x and 12x longer per step at
-2M rows than at 10k rows (bench/vocab_scaling.py). Their sparse branch still
+Stock tf-keras `Adam` and `SGD` take far longer per step at 2M rows than at
+10k rows; bench/vocab_scaling.py measures how much, and docs/benchmarks.md
+(vocab_scaling) has the numbers of the latest run. Their sparse branch still
 does dense work on every step: `Adam` decays the whole `m` and `v` slots and
 `SGD` always keeps a momentum slot and runs `m.assign(m * momentum)` and
 `variable.assign_add(m)` over the whole table, even at momentum 0. Stock
@@ -31,11 +31,11 @@ from typing import Any, Callable, Optional, Union
 
 import tensorflow as tf
 
-from tf_psx import _compat
+from tf_psx._tf import keras as _tf_keras
 
 __all__ = ["LazyAdam", "SGD"]
 
-_keras = _compat.keras()
+_keras = _tf_keras.keras()
 
 # What tf-keras accepts for a hyperparameter such as `learning_rate`.
 _Hyperparameter = Union[float, tf.Tensor, Callable[[], float]]

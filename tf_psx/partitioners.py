@@ -12,10 +12,23 @@ Spec strings (for `ParameterServerStrategy(partitioner=...)` and the CLI):
 | `fixed:N` | `FixedShardsPartitioner(N)` |
 | `max_ids:N` | `MaxIDPartitioner(N)` |
 | `per_ps` or `per_ps:K` | `PerPSPartitioner(K)` (K shards per ps, default 1) |
-| `min_size:256k` | TF's `MinSizePartitioner(min_shard_bytes=256 KiB)` |
-| `max_size:64m` | TF's `MaxSizePartitioner(max_shard_bytes=64 MiB)` |
+| `min_size:256k` | TF's `MinSizePartitioner(min_shard_bytes=256 KiB, max_shards=num_ps)` |
+| `max_size:64m` | TF's `MaxSizePartitioner(max_shard_bytes=64 MiB)` (no shard cap, TF's default) |
 
 None of them splits a variable into more shards than it has rows.
+
+`min_size` differs from TF's defaults on purpose. TF's `MinSizePartitioner`
+caps the shard count at `max_shards`, whose default is 1: with the default, it
+never splits anything, so a spec naming only a size would be a no-op. The
+spec therefore sets `max_shards` to the strategy's ps count, the "commonly
+used partitioner" of the `variable_partitioner` docs of TF's
+`ParameterServerStrategy` (`MinSizePartitioner(min_shard_bytes = 256 << 10,
+max_shards = num_ps)`): shards of at least SIZE bytes, at most one per ps task.
+Where the ps count is unknown (`from_spec(spec)` without `num_ps`), TF's
+default cap of 1 applies, and the partitioner is exactly
+`MinSizePartitioner(min_shard_bytes=SIZE)`. For another cap, pass TF's object
+itself: `partitioner=tf_psx.partitioners.MinSizePartitioner(min_shard_bytes,
+max_shards)`.
 """
 
 from __future__ import annotations
@@ -228,7 +241,9 @@ def from_spec(spec: str, num_ps: int | None = None):
     Args:
       spec: one of `SPEC_FORMS`.
       num_ps: the ps count of the strategy, when known. It binds `per_ps`
-        and caps `min_size` at one shard per ps, as TF's docs advise.
+        and caps `min_size` at one shard per ps, as TF's
+        `ParameterServerStrategy` docs advise; without it `min_size` keeps
+        TF's default cap of one shard (see the module docstring).
 
     Returns:
       A partitioner object.
@@ -248,14 +263,17 @@ def from_spec(spec: str, num_ps: int | None = None):
         partitioner = PerPSPartitioner(_parse_int(spec, arg) if arg else 1)
         return partitioner.bind(num_ps) if num_ps is not None else partitioner
     if kind == "min_size":
-        return MinSizePartitioner(min_shard_bytes=_parse_size(spec, arg), max_shards=num_ps or _NO_SHARD_CAP)
+        max_shards = num_ps if num_ps is not None else _MIN_SIZE_DEFAULT_MAX_SHARDS
+        return MinSizePartitioner(min_shard_bytes=_parse_size(spec, arg), max_shards=max_shards)
     if kind == "max_size":
-        return MaxSizePartitioner(max_shard_bytes=_parse_size(spec, arg), max_shards=_NO_SHARD_CAP)
+        return MaxSizePartitioner(max_shard_bytes=_parse_size(spec, arg))
     raise _spec_error(spec, f"unknown kind {kind!r}")
 
 
-# TF's size partitioners need a shard cap; this one never binds in practice.
-_NO_SHARD_CAP = 1 << 20
+# TF's `MinSizePartitioner` default `max_shards`, used by `min_size:SIZE` when
+# the ps count is unknown (the module docstring says why it is the ps count
+# otherwise); tests check that it still equals TF's.
+_MIN_SIZE_DEFAULT_MAX_SHARDS = 1
 
 
 # -- hot-spot analysis ---------------------------------------------------------
