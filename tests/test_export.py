@@ -105,7 +105,7 @@ def test_trained_on_ps_serves_in_a_fresh_process_with_the_same_predictions(train
     assert isinstance(model.get_layer("click").kernel, sharded)
     assert path == os.fspath(tmp_path / "served")
 
-    # Seen keys only: for unseen keys the trained model draws fresh random rows.
+    # Seen keys here; unseen ones in test_unseen_dynamic_keys_serve_zero_rows.
     seen = {key: value[:BATCH] for key, value in inputs.items()}
     expected = {key: value.numpy() for key, value in model(seen, training=False).items()}
     for key in ("click", "dynamic_vec"):
@@ -132,6 +132,13 @@ def test_unseen_dynamic_keys_serve_zero_rows(trained, served):
     _, _, inputs, outputs, _ = served
     unseen = {key: value[BATCH:] for key, value in inputs.items()}
     np.testing.assert_array_equal(outputs["dynamic_vec"][BATCH:], np.zeros((UNSEEN, FIELDS * DIM), np.float32))
+    # Evaluation and prediction of the trained model read the same default row
+    # as the exported model, so all rows agree, unseen keys included.
+    evaluated = model(unseen, training=False)
+    np.testing.assert_array_equal(evaluated["dynamic_vec"].numpy(), outputs["dynamic_vec"][BATCH:])
+    np.testing.assert_allclose(evaluated["click"].numpy(), outputs["click"][BATCH:], atol=TOLERANCE, rtol=0)
+    predicted = model.predict(unseen, verbose=0)
+    np.testing.assert_allclose(predicted["click"], outputs["click"][BATCH:], atol=TOLERANCE, rtol=0)
 
     # The click worked out by hand: the unseen rows are UNSEEN_KEY_DEFAULT (0).
     plain = model.get_layer("plain_emb").embeddings
