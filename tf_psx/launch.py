@@ -597,12 +597,9 @@ class Launcher:
                 "whoever reaches them can run any op on this machine (use --isolate; docs/security.md)"
             )
         self._say(f"cluster: {self._address_list()}; logs in {self.log_dir}")
-        servers = self._servers()
-        for task in servers:
-            self._spawn(task)
-        failed = self._wait_ready(servers)
-        if failed is not None:
-            return self._give_up(failed, "exited while starting")
+        code = self._start_and_wait(self._servers(), "exited while starting")
+        if code is not None:
+            return code
         if self._signal is not None:
             return _exit_code(-self._signal)
         chief = self._tasks[("chief", 0)]
@@ -672,11 +669,9 @@ class Launcher:
         self._stop([chief])
         ps_tasks = self._servers("ps")
         self._stop(ps_tasks)
-        for task in ps_tasks:
-            self._spawn(task)
-        again = self._wait_ready(ps_tasks)
-        if again is not None:
-            return self._give_up(again, "exited while restarting")
+        code = self._start_and_wait(ps_tasks, "exited while restarting")
+        if code is not None:
+            return code
         if self._signal is not None:
             return self._on_signal(chief)
         attempt = int(chief.env.get(CHIEF_ATTEMPT_ENV, "0")) + 1
@@ -723,6 +718,13 @@ class Launcher:
                 f"{task.name}: cannot run {task.argv[0]!r} ({err.strerror}). Fix: check the command "
                 "after `--` (the program must be on PATH or given by its path)."
             ) from None
+
+    def _start_and_wait(self, tasks: list[_supervisor.TaskProcess], what: str) -> int | None:
+        """Starts `tasks` and waits until they listen; the exit status to give up with, or None."""
+        for task in tasks:
+            self._spawn(task)
+        failed = self._wait_ready(tasks)
+        return None if failed is None else self._give_up(failed, what)
 
     def _echo(self, task: _supervisor.TaskProcess, line: str) -> None:
         with self._lock:
