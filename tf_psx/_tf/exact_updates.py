@@ -35,6 +35,7 @@ _update_step`, `_update_step_xla`, `_iterations`, `_var_key`) and TF 2.16.2
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import logging
 import threading
@@ -168,21 +169,54 @@ def _execute_unordered(lock, update, step):
         return step.read_value()
 
 
+_READS_ITERATIONS: dict[type, bool] = {}
+
+
+def _reads_iterations(optimizer) -> bool:
+    """True when the optimizer's `update_step` uses the step number (Adam's bias correction).
+
+    Read from the source of the first `update_step` in the class's MRO and
+    of the ones it may call up the chain; when the source cannot be read,
+    True (the counter is then kept, which is always correct).
+    """
+    cls = type(optimizer)
+    if cls not in _READS_ITERATIONS:
+        try:
+            sources = [inspect.getsource(klass.__dict__["update_step"]) for klass in cls.__mro__
+                       if "update_step" in klass.__dict__]
+            _READS_ITERATIONS[cls] = any("iterations" in source for source in sources)
+        except (OSError, TypeError):
+            _READS_ITERATIONS[cls] = True
+    return _READS_ITERATIONS[cls]
+
+
+def _run_counted(optimizer, step, run):
+    """Runs `run()` (the optimizer's own ops) and returns a tensor that waits for all of them.
+
+    With an optimizer that bias-corrects by the step number, `iterations`
+    reads the variable's own counter inside `run`, which is then advanced.
+    """
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    before = set(graph.get_operations()) if graph is not None else set()
+    counted = _reads_iterations(optimizer)
+    if counted:
+        with _iterations_as(optimizer, step.read_value()):
+            run()
+    else:
+        run()
+    created = [op for op in graph.get_operations() if op not in before] if graph is not None else []
+    # The lock is released once the returned tensor exists: make it wait for
+    # every op of the update.
+    with tf.control_dependencies(created):
+        return step.assign_add(1, read_value=True) if counted else tf.constant(0, tf.int64)
+
+
 def _locked_update(original, optimizer, gradient, variable):
     lock, step = _state_for(optimizer, variable)
     gradient = _on_variable_device(gradient, variable)
 
     def update():
-        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-        before = set(graph.get_operations()) if graph is not None else set()
-        done_steps = step.read_value()
-        with _iterations_as(optimizer, done_steps):
-            original(optimizer, gradient, variable)
-        created = [op for op in graph.get_operations() if op not in before] if graph is not None else []
-        # The lock is released once the returned tensor exists: make it wait
-        # for every op of the update, not only for the counter.
-        with tf.control_dependencies(created):
-            return step.assign_add(1, read_value=True)
+        return _run_counted(optimizer, step, lambda: original(optimizer, gradient, variable))
 
     return _execute_unordered(lock, update, step)
 
@@ -293,8 +327,6 @@ def _tfra_locked_update(original, optimizer, gradient, shadow):
     params = shadow.params
 
     def update():
-        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-        before = set(graph.get_operations()) if graph is not None else set()
         ids = shadow.ids.read_value()
         forward_rows = shadow.read_value(do_prefetch=False)
         fresh, exists = params.lookup(ids, return_exists=True)
@@ -303,17 +335,14 @@ def _tfra_locked_update(original, optimizer, gradient, shadow):
         for slot in slots:
             loads.append(gen_resource_variable_ops.assign_variable_op(slot.handle, _fresh_slot_rows(optimizer, slot, ids)))
         with tf.control_dependencies(loads):
-            done_steps = step.read_value()
-            with _iterations_as(optimizer, done_steps):
-                original(optimizer, gradient, shadow)
-        created = [op for op in graph.get_operations() if op not in before] if graph is not None else []
-        with tf.control_dependencies(created):
+            done = _run_counted(optimizer, step, lambda: original(optimizer, gradient, shadow))
+        with tf.control_dependencies([done]):
             writes = [params.upsert(ids, shadow.read_value(do_prefetch=False))]
             writes += [slot.params.upsert(ids, slot.read_value(do_prefetch=False)) for slot in slots]
             if params.restrict_policy is not None:
                 writes.append(params.restrict_policy.apply_update(ids))
         with tf.control_dependencies(writes):
-            return step.assign_add(1, read_value=True)
+            return tf.identity(done)
 
     return _execute_unordered(lock, update, step)
 
