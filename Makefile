@@ -33,7 +33,7 @@ test-fast: install
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m unit
 
 # Every benchmark, then docs/benchmarks.md from bench/results/*.json (~40 min on 2 cores).
-BENCHES := overhead shard_balance dedup_bytes vocab_scaling dynamic_vs_static convergence
+BENCHES := overhead shard_balance dedup_bytes vocab_scaling dynamic_vs_static convergence exact_updates
 bench: install
 	for b in $(BENCHES); do $(BIN)/python bench/$$b.py || exit 1; done
 	$(BIN)/python bench/report.py

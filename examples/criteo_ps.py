@@ -50,7 +50,7 @@ import tf_psx  # routes tf.keras to tf-keras; import before using tf.keras
 import tensorflow as tf
 
 from tf_psx.callbacks import ClusterMonitor, PeriodicSync, StalenessBound
-from tf_psx.data import CriteoStats, criteo, criteo_dataset_fn, roc_auc, write_criteo_sample
+from tf_psx.data import CriteoStats, criteo, criteo_dataset_fn, holdout_quality, write_criteo_sample
 from tf_psx.data.criteo import NUM_CATEGORICAL, NUM_DENSE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,12 +90,6 @@ def build_model() -> tf.keras.Model:
     click = tf.keras.layers.Dense(1, activation="sigmoid", name="click")(hidden)
     return tf.keras.Model({"dense": dense, "cat": cat}, click)
 
-
-def log_loss(labels: np.ndarray, probs: np.ndarray) -> float:
-    """Mean binary cross-entropy of click probabilities `probs` [n] against 0/1 `labels` [n]."""
-    probs = np.clip(np.asarray(probs, np.float64).reshape(-1), 1e-7, 1 - 1e-7)
-    labels = np.asarray(labels, np.float64).reshape(-1)
-    return float(-np.mean(labels * np.log(probs) + (1 - labels) * np.log(1 - probs)))
 
 
 def serve_in_fresh_process(path: str, features: dict, scratch: str) -> np.ndarray:
@@ -172,15 +166,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     served = serve_in_fresh_process(path, features, out)
     labels = labels.numpy()
+    # Measured on rows the model trained on: a smoke test of learning, not a holdout score.
+    quality = holdout_quality(labels, trained)
     result = {
         "data": args.data,
         "workers": args.workers,
         "train_loss": history.history["loss"][-1],
-        # Measured on rows the model trained on: a smoke test of learning, not a holdout score.
-        "train_auc": roc_auc(labels, trained),
-        "train_log_loss": log_loss(labels, trained),
-        # Predicting the rows' click rate p for every row: -p log p - (1-p) log(1-p).
-        "base_rate_log_loss": log_loss(labels, np.full(len(labels), labels.mean())),
+        "train_auc": quality["auc"],
+        "train_log_loss": quality["log_loss"],
+        "base_rate_log_loss": quality["base_rate_log_loss"],
         "bayes_auc": bayes_auc,
         "staleness_max": max(history.history["staleness_max"]),
         "dropped_gradients": sum(history.history["dropped_gradients"]),

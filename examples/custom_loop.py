@@ -31,11 +31,10 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide TF's C++ start-up chatter
 
-import numpy as np
 import tf_psx  # routes tf.keras to tf-keras; import before using tf.keras
 import tensorflow as tf
 
-from tf_psx.data import roc_auc, synthetic_ctr
+from tf_psx.data import describe_quality, holdout_quality, synthetic_ctr
 
 NUM_FIELDS = 8
 VOCAB_SIZE = 1_000
@@ -57,12 +56,6 @@ def build_model(num_rows: int) -> tf.keras.Model:
     click = tf.keras.layers.Dense(1, activation="sigmoid", name="click")(hidden)
     return tf.keras.Model(ids, click)
 
-
-def log_loss(labels: np.ndarray, probs: np.ndarray) -> float:
-    """Mean binary cross-entropy of click probabilities `probs` [n] against 0/1 `labels` [n]."""
-    probs = np.clip(np.asarray(probs, np.float64).reshape(-1), 1e-7, 1 - 1e-7)
-    labels = np.asarray(labels, np.float64).reshape(-1)
-    return float(-np.mean(labels * np.log(probs) + (1 - labels) * np.log(1 - probs)))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -133,18 +126,10 @@ def main(argv: list[str] | None = None) -> dict:
         "report_steps": [steps for steps, _ in reports],
         "report_losses": [loss for _, loss in reports],
         "iterations": iterations,  # updates the optimizer applied: one per step
-        "auc": roc_auc(holdout.labels, scores),
-        "bayes_auc": holdout.bayes_auc,  # the planted model's AUC: no model beats it but by chance
-        "log_loss": log_loss(holdout.labels, scores),
-        # Predicting the holdout's click rate p for every example: -p log p - (1-p) log(1-p).
-        "base_rate_log_loss": log_loss(holdout.labels, np.full(len(scores), holdout.labels.mean())),
-        "bayes_log_loss": log_loss(holdout.labels, holdout.probs),
+        **holdout_quality(holdout.labels, scores, holdout.probs),
         "seconds": time.time() - start,
     }
-    print(f"holdout AUC {result['auc']:.4f}   best possible (Bayes) AUC {result['bayes_auc']:.4f}   "
-          f"gap {result['bayes_auc'] - result['auc']:.4f}   ({result['seconds']:.0f} s)")
-    print(f"holdout log loss {result['log_loss']:.4f}   click rate alone {result['base_rate_log_loss']:.4f}   "
-          f"Bayes {result['bayes_log_loss']:.4f}")
+    print(describe_quality(result) + f"   ({result['seconds']:.0f} s)")
     return result
 
 

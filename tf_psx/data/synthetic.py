@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["SyntheticCTR", "synthetic_ctr", "roc_auc"]
+__all__ = ["SyntheticCTR", "synthetic_ctr", "roc_auc", "log_loss", "holdout_quality", "describe_quality"]
 
 # Weight scale of the planted model: with 8-26 fields it gives a Bayes AUC
 # of about 0.75-0.85, the range of real CTR data.
@@ -88,6 +88,60 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     avg = first + (counts + 1) / 2.0
     ranks[order] = np.repeat(avg, counts)
     return float((ranks[labels].sum() - num_pos * (num_pos + 1) / 2.0) / (num_pos * num_neg))
+
+
+# Probabilities are clipped this far from 0 and 1: a confident wrong
+# prediction costs -log(1e-7) ~ 16, not infinity.
+_LOG_LOSS_CLIP = 1e-7
+
+
+def log_loss(labels: np.ndarray, probs: np.ndarray) -> float:
+    """Mean binary cross-entropy of click probabilities `probs` [n] against 0/1 `labels` [n].
+
+    Example:
+
+    >>> round(log_loss(np.array([0, 1]), np.array([0.5, 0.5])), 4)  # ln 2
+    0.6931
+    """
+    probs = np.clip(np.asarray(probs, np.float64).reshape(-1), _LOG_LOSS_CLIP, 1 - _LOG_LOSS_CLIP)
+    labels = np.asarray(labels, np.float64).reshape(-1)
+    return float(-np.mean(labels * np.log(probs) + (1 - labels) * np.log(1 - probs)))
+
+
+def holdout_quality(labels: np.ndarray, scores: np.ndarray, probs: np.ndarray | None = None) -> dict:
+    """How good click scores are, next to what is known to be reachable.
+
+    Args:
+      labels: [n] 0/1 clicks.
+      scores: [n] the model's click probabilities.
+      probs: [n] the true click probabilities (a `SyntheticCTR`'s `probs`), if known.
+
+    Returns:
+      {"auc", "log_loss", "base_rate_log_loss"} and, with `probs`, {"bayes_auc",
+      "bayes_log_loss"}: the model's AUC and log loss, the log loss of
+      predicting the click rate p for everyone (-p log p - (1-p) log(1-p)),
+      and the best any model can reach on average.
+    """
+    labels = np.asarray(labels).reshape(-1)
+    result = {
+        "auc": roc_auc(labels, scores),
+        "log_loss": log_loss(labels, scores),
+        "base_rate_log_loss": log_loss(labels, np.full(len(labels), labels.mean())),
+    }
+    if probs is not None:
+        result["bayes_auc"] = roc_auc(labels, probs)
+        result["bayes_log_loss"] = log_loss(labels, probs)
+    return result
+
+
+def describe_quality(result: dict, label: str = "holdout") -> str:
+    """The lines an example prints for `holdout_quality`'s dict."""
+    auc = f"{label} AUC {result['auc']:.4f}"
+    loss = f"{label} log loss {result['log_loss']:.4f}   click rate alone {result['base_rate_log_loss']:.4f}"
+    if "bayes_auc" in result:
+        auc += f"   best possible (Bayes) AUC {result['bayes_auc']:.4f}   gap {result['bayes_auc'] - result['auc']:.4f}"
+        loss += f"   Bayes {result['bayes_log_loss']:.4f}"
+    return auc + "\n" + loss
 
 
 def _zipf_probs(vocab_size: int, exponent: float) -> np.ndarray:

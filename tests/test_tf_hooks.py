@@ -1,0 +1,79 @@
+"""Every private TF / tf-keras / TFRA hook of `tf_psx._tf` is where it was read (TF 2.16.2, tf-keras 2.16, TFRA 0.8.1).
+
+One test per door module: an upgrade that moves a hook fails here, by name,
+instead of somewhere deep in a training run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import tensorflow as tf
+
+from tf_psx._tf import keras as _tf_keras, runtime as _runtime, tfra as _tfra
+
+
+def test_keras_routing():
+    assert _tf_keras.tf_keras_is_legacy()
+    assert tf.keras.Model is _tf_keras.keras().Model  # tf.keras is tf-keras
+
+
+def test_runtime_hooks(ps_strategy):
+    from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+
+    assert hasattr(context.context(), "_context_handle") and hasattr(context.context(), "_server_def")
+    assert _runtime.connected_to_cluster()
+    assert _runtime.num_ps(ps_strategy) == 2  # extended._num_ps
+    coordinator = _runtime.coordinator_of(ps_strategy)
+    assert coordinator is _runtime.coordinator_of(ps_strategy)  # one per strategy
+    assert hasattr(coordinator._cluster.closure_queue, "put_back")  # pylint: disable=protected-access
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    assert model in _runtime.flatten_layers(model)
+
+
+def test_fit_hooks():
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    assert hasattr(model, "_training_state") and hasattr(model, "make_train_function")
+    assert "_distributed_apply_gradients_fn" in type(model.optimizer).__mro__[1].__dict__
+
+
+def test_tfra_and_shadow_hooks():
+    de = _tfra.tfra()
+    assert hasattr(de, "DynamicEmbeddingOptimizer") and hasattr(de, "Variable")
+    from tensorflow_recommenders_addons.dynamic_embedding.python.ops import (  # pylint: disable=import-outside-toplevel
+        shadow_embedding_ops,
+    )
+    from tensorflow.python.distribute import ps_values  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.distribute.coordinator import (  # pylint: disable=import-outside-toplevel
+        cluster_coordinator,
+        coordinator_context,
+    )
+
+    assert hasattr(shadow_embedding_ops, "ShadowVariable") and hasattr(shadow_embedding_ops, "DEResourceVariable")
+    assert hasattr(cluster_coordinator.ClusterCoordinator, "_create_per_worker_resources")
+    assert hasattr(coordinator_context, "get_current_dispatch_context")
+    assert hasattr(ps_values, "PerWorkerVariableSpec")
+
+
+def test_weights_checkpoint_and_auto_deps_hooks():
+    from tensorflow.python.framework import auto_control_deps  # pylint: disable=import-outside-toplevel
+
+    from tf_psx._tf import checkpoint, weights  # pylint: disable=import-outside-toplevel
+
+    shards = [tf.Variable(tf.zeros([2, 2])), tf.Variable(tf.zeros([2, 2]))]
+    sharded = tf.__internal__.distribute.ShardedVariable(shards)
+    assert weights.sharded_container(shards[0]) is sharded  # the shard's _sharded_container
+    assert callable(auto_control_deps.op_is_stateful)
+    variable = tf.Variable(1.0)
+    prefix = tf.train.Checkpoint(v=variable).write(os.path.join(tempfile.mkdtemp(), "ckpt"))
+    status = tf.train.Checkpoint(v=variable).read(prefix)
+    assert id(variable) in checkpoint.restored_ids(status)
+
+
+def test_data_hook():
+    from tf_psx._tf import data  # pylint: disable=import-outside-toplevel
+
+    dataset = tf.data.Dataset.range(5).map(lambda x: x * 2)
+    assert [int(x) for x in data.dataset_without_python_functions(dataset)] == [0, 2, 4, 6, 8]
