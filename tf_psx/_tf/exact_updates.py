@@ -80,29 +80,48 @@ def _applies(optimizer, variable) -> bool:
     )
 
 
-def _state_for(optimizer, variable):
-    """The (lock, step counter) of `variable`, created on its ps task on first use."""
+def _state(optimizer, key: str, variable_scope, lock_device: str):
+    """The (lock, step counter) stored under `key`, created on first use.
+
+    Args:
+      optimizer: the optimizer that owns them (the counters are tracked by it,
+        so they are checkpointed with it).
+      key: what the state belongs to (a variable's key, or a TFRA table).
+      variable_scope: a callable returning the context in which the counter
+        is created (where it is placed).
+      lock_device: the device of the lock.
+    """
     locks = optimizer.__dict__.setdefault(_STATE_ATTR, {})
-    key = optimizer._var_key(variable)  # pylint: disable=protected-access
     if key in locks:
         return locks[key]
-    strategy = tf.distribute.get_strategy()
+    name = key.replace("/", "_").replace(":", "_")
     with tf.init_scope():
         if not hasattr(optimizer, _STEPS_ATTR):
             # A tracked dict: the counters are saved with the optimizer.
             setattr(optimizer, _STEPS_ATTR, {})
-        with strategy.extended.colocate_vars_with(variable):
+        with variable_scope():
             step = tf.Variable(
                 tf.constant(0, tf.int64),
                 trainable=False,
-                name=f"{key.replace('/', '_').replace(':', '_')}_local_step",
+                name=f"{name}_local_step",
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
             )
-        with tf.device(variable.device):
+        with tf.device(lock_device):
             lock = tf.CriticalSection(shared_name=f"{_LOCK_PREFIX}_{next(_ids)}")
-        getattr(optimizer, _STEPS_ATTR)[key] = step
+        getattr(optimizer, _STEPS_ATTR)[name] = step
     locks[key] = (lock, step)
     return locks[key]
+
+
+def _state_for(optimizer, variable):
+    """The (lock, step counter) of `variable`, on its ps task."""
+    strategy = tf.distribute.get_strategy()
+    return _state(
+        optimizer,
+        optimizer._var_key(variable),  # pylint: disable=protected-access
+        lambda: strategy.extended.colocate_vars_with(variable),
+        variable.device,
+    )
 
 
 @contextlib.contextmanager
@@ -282,21 +301,9 @@ def _tfra_slots_of(optimizer, shadow):
 
 
 def _tfra_state_for(optimizer, shadow):
-    """The (lock, step counter) of the table behind `shadow`, created on its first ps task."""
-    locks = optimizer.__dict__.setdefault(_STATE_ATTR, {})
-    params = shadow.params
-    key = f"tfra/{params.name}"
-    if key in locks:
-        return locks[key]
-    with tf.init_scope():
-        if not hasattr(optimizer, _STEPS_ATTR):
-            setattr(optimizer, _STEPS_ATTR, {})
-        with tf.device(params.devices[0]):
-            step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{key.replace('/', '_')}_local_step")
-            lock = tf.CriticalSection(shared_name=f"{_LOCK_PREFIX}_{next(_ids)}")
-        getattr(optimizer, _STEPS_ATTR)[key.replace("/", "_")] = step
-    locks[key] = (lock, step)
-    return locks[key]
+    """The (lock, step counter) of the table behind `shadow`, on the table's first ps task."""
+    device = shadow.params.devices[0]
+    return _state(optimizer, f"tfra/{shadow.params.name}", lambda: tf.device(device), device)
 
 
 def _fresh_slot_rows(optimizer, slot, ids):
