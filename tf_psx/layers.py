@@ -246,6 +246,20 @@ class DynamicEmbedding(_keras.layers.Layer):
       key_dtype: tf.int64 or tf.string (strings are hashed to int64 keys).
       initializer: the initializer of new rows; by default N(0, 0.05), drawn
         afresh for every new key.
+      min_count: admission: a key gets a trainable row (and optimizer
+        slots) only once training has seen it `min_count` times (occurrences,
+        over all workers); before that it reads `UNSEEN_KEY_DEFAULT` rows and
+        its gradient is dropped. 1 (the default) admits every key.
+      max_age_steps: eviction by age: rows not used by a training step for
+        more than this many optimizer steps (`iterations`) are removed, with
+        their slots, when `tf_psx.callbacks.TableEviction` runs.
+      max_rows: eviction by size: after each `TableEviction` run the table
+        keeps its `max_rows` most recently used rows (LRU by step). Keys
+        seen fewer than `min_count` times have a budget of their own of the
+        same size.
+      spill_dir: a directory for the disk tier: evicted rows and their slots
+        are written there, and a key that comes back gets them again (at the
+        next `TableEviction` run; until then it reads the default row).
       **tfra_kwargs: passed to `tfra.dynamic_embedding.keras.layers.Embedding`
         (e.g. `init_capacity`, `restrict_policy`, `kv_creator`).
 
@@ -288,10 +302,23 @@ class DynamicEmbedding(_keras.layers.Layer):
         is TF's resource re-creation and is not tested here.
     """
 
-    def __init__(self, output_dim: int, key_dtype=tf.int64, initializer=None, name: str | None = None, **tfra_kwargs):
+    def __init__(self, output_dim: int, key_dtype=tf.int64, initializer=None, name: str | None = None, *,
+                 min_count: int = 1, max_age_steps: int | None = None, max_rows: int | None = None,
+                 spill_dir=None, **tfra_kwargs):
         super().__init__(name=name)
         _checks.int_at_least(output_dim, 1, "output_dim", owner="DynamicEmbedding",
                              fix="pass the embedding width, e.g. DynamicEmbedding(16)")
+        _checks.int_at_least(min_count, 1, "min_count", owner="DynamicEmbedding",
+                             fix="pass how many times a key must be seen before it gets a row, e.g. min_count=2")
+        _checks.int_at_least(max_age_steps, 1, "max_age_steps", owner="DynamicEmbedding", or_none=True,
+                             fix="pass a number of optimizer steps, e.g. max_age_steps=10_000, or None")
+        _checks.int_at_least(max_rows, 1, "max_rows", owner="DynamicEmbedding", or_none=True,
+                             fix="pass the rows to keep per table, e.g. max_rows=1_000_000, or None")
+        if spill_dir is not None and max_age_steps is None and max_rows is None:
+            raise ValueError(
+                f"Argument `spill_dir` of DynamicEmbedding needs eviction (max_age_steps or max_rows). Received: "
+                f"spill_dir={spill_dir!r} with neither. Fix: pass max_rows=... or max_age_steps=..., or drop spill_dir."
+            )
         key_dtype = tf.as_dtype(key_dtype)
         if key_dtype not in (tf.int64, tf.string):
             raise ValueError(
@@ -331,6 +358,23 @@ class DynamicEmbedding(_keras.layers.Layer):
             with_unique=True,
             **tfra_kwargs,
         )
+        self.policy = None
+        if min_count > 1 or max_age_steps is not None or max_rows is not None:
+            from tf_psx import tables as _tables  # pylint: disable=import-outside-toplevel
+
+            self.policy = _tables.TablePolicy(
+                self, min_count=min_count, max_age_steps=max_age_steps, max_rows=max_rows,
+                spill_dir=None if spill_dir is None else str(spill_dir), devices=self.table.devices)
+            _tfra.set_admission(self.table, self.policy.admitted)
+            # Tracked by the layer, so checkpoints and snapshots hold the counts and ages.
+            self.meta_table = self.policy.meta
+        self._config = {"min_count": int(min_count), "max_age_steps": max_age_steps, "max_rows": max_rows,
+                        "spill_dir": None if spill_dir is None else str(spill_dir)}
+
+    def attach_optimizer(self, optimizer) -> None:
+        """Called by `Model.compile`: the optimizer whose `iterations` ages this table's rows."""
+        if self.policy is not None:
+            self.policy.attach_optimizer(optimizer)
 
     def call(self, inputs, training=None):
         if self.key_dtype == tf.string:
@@ -342,7 +386,21 @@ class DynamicEmbedding(_keras.layers.Layer):
             # the same row as in the exported model. None stays the training
             # path: custom loops often call model(x) without training=True.
             return self._lookup_only(keys)
-        return self.embedding(keys)
+        if self.policy is None:
+            return self.embedding(keys)
+        return self._admitted_lookup(keys)
+
+    def _admitted_lookup(self, keys):
+        """Training lookup with a policy: count the keys, then default rows for the ones not admitted."""
+        flat = tf.reshape(keys, [-1])
+        unique, position, occurrences = tf.unique_with_counts(flat)
+        with tf.control_dependencies([self.policy.check_budget(unique)]):
+            counts = self.policy.count(unique, occurrences)
+        rows = self.embedding(unique)
+        admitted = tf.reshape(counts >= self.policy.min_count, [-1, 1])
+        rows = tf.where(admitted, rows, tf.fill(tf.shape(rows), tf.constant(UNSEEN_KEY_DEFAULT, rows.dtype)))
+        out = tf.gather(rows, position)
+        return tf.reshape(out, tf.concat([tf.shape(keys), [self.output_dim]], axis=0))
 
     def _lookup_only(self, keys):
         flat = tf.reshape(keys, [-1])
@@ -363,7 +421,7 @@ class DynamicEmbedding(_keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"output_dim": self.output_dim, "key_dtype": self.key_dtype.name})
+        config.update({"output_dim": self.output_dim, "key_dtype": self.key_dtype.name, **self._config})
         return config
 
 

@@ -15,14 +15,22 @@ Prints one line `RESULT {json}` with the share of the true move applied, the
 largest row error relative to the largest move, the applied step count, the
 keys in a hash table and the seconds taken.
 
+With `--min-count n` the DynamicEmbedding admits a key once it has been
+seen n times: the counting forward passes run one at a time under a lock, so
+a key seen c times per batch is admitted from the ceil(n / c)-th step on, and
+its row must equal S - ceil(n / c) + 1 applications of its gradient (SGD and
+Adagrad, whose update of a zero gradient is zero); a key never seen n times
+has no row, and every key's count is exactly S * c.
+
 Usage: exact_updates.py --layer sharded|stock|dynamic --optimizer NAME
-       [--workers 2] [--processes] [--steps 40] [--spe 1]
+       [--workers 2] [--processes] [--steps 40] [--spe 1] [--min-count 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -78,14 +86,26 @@ def expected_table(name: str, ids: np.ndarray, steps: int) -> np.ndarray:
     return var.numpy()
 
 
-def build_model(layer: str):
+def expected_admitted(name: str, ids: np.ndarray, steps: int, min_count: int) -> np.ndarray:
+    """The table when keys are admitted after `min_count` occurrences (see the module doc)."""
+    unique, counts = np.unique(ids, return_counts=True)
+    table = np.zeros([VOCAB, DIM], np.float32)
+    for count in np.unique(counts):
+        applied = steps - math.ceil(min_count / count) + 1
+        if applied > 0:
+            keys = unique[counts == count]
+            table[keys] = expected_table(name, ids, applied)[keys]
+    return table
+
+
+def build_model(layer: str, min_count: int = 1):
     inputs = tf.keras.Input((None,), dtype=tf.int64)
     if layer == "sharded":
         emb = tf_psx.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="zeros")
     elif layer == "stock":
         emb = tf.keras.layers.Embedding(VOCAB, DIM, embeddings_initializer="zeros")
     else:
-        emb = tf_psx.layers.DynamicEmbedding(DIM, initializer="zeros")
+        emb = tf_psx.layers.DynamicEmbedding(DIM, initializer="zeros", min_count=min_count)
     rows = emb(inputs)
     out = tf.keras.layers.Lambda(lambda r: tf.reduce_sum(r, axis=[1, 2]))(rows)
     return tf.keras.Model(inputs, out), emb
@@ -113,6 +133,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--spe", type=int, default=1)
     parser.add_argument("--no-exact", action="store_true", help="TF's own update path (the baseline)")
+    parser.add_argument("--min-count", type=int, default=1, help="admission of the DynamicEmbedding")
     parser.add_argument("--warn-check", action="store_true",
                         help="also compile with a legacy Adam and print tf_psx's warnings")
     args = parser.parse_args(argv)
@@ -153,7 +174,7 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
     """Trains one layer x optimizer pair on the cluster; returns its closed-form check."""
     start = time.monotonic()
     with strategy.scope():
-        model, emb = build_model(layer)
+        model, emb = build_model(layer, args.min_count if layer == "dynamic" else 1)
         model.compile(make_optimizer(optimizer), loss=lambda y, p: p, steps_per_execution=args.spe)
 
     def dataset_fn(_ctx):
@@ -164,9 +185,18 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
               steps_per_epoch=args.steps, verbose=0)
     steps = int(model.optimizer.iterations.numpy())
     actual, keys = table_of(layer, emb)
-    expected = expected_table(optimizer, ids, steps)
+    admission = layer == "dynamic" and args.min_count > 1
+    if admission:
+        expected = expected_admitted(optimizer, ids, steps, args.min_count)
+        unique, counts = np.unique(ids, return_counts=True)
+        counted = emb.policy.counts(unique)
+        extra = {"min_count": args.min_count, "counts_exact": bool(np.array_equal(counted, steps * counts)),
+                 "rows_of_unadmitted_keys": int(np.count_nonzero(actual[unique[steps * counts < args.min_count]]))}
+    else:
+        expected = expected_table(optimizer, ids, steps)
+        extra = {}
     move = float(np.abs(expected).sum())
-    return {
+    return {**extra,
         "layer": layer,
         "optimizer": optimizer,
         "workers": args.workers,
@@ -177,7 +207,7 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
         "share": float(np.abs(actual).sum()) / move,
         "max_row_error": float(np.abs(actual - expected).max() / np.abs(expected).max()),
         "keys": keys,
-        "keys_trained": int(len(np.unique(ids))),
+        "keys_trained": int(np.count_nonzero(np.abs(expected).sum(axis=1))),
         "seconds": round(time.monotonic() - start, 1),
     }
 

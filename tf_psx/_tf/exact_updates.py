@@ -43,7 +43,7 @@ import weakref
 
 import tensorflow as tf
 
-from tf_psx._tf import keras as _tf_keras
+from tf_psx._tf import keras as _tf_keras, tfra as _tfra
 
 # Attribute names on the optimizer instance.
 _STATE_ATTR = "_tf_psx_update_locks"
@@ -302,8 +302,28 @@ def _tfra_slots_of(optimizer, shadow):
 
 def _tfra_state_for(optimizer, shadow):
     """The (lock, step counter) of the table behind `shadow`, on the table's first ps task."""
-    device = shadow.params.devices[0]
-    return _state(optimizer, f"tfra/{shadow.params.name}", lambda: tf.device(device), device)
+    return _table_state(optimizer, shadow.params)
+
+
+def _table_state(optimizer, params):
+    device = params.devices[0]
+    return _state(optimizer, f"tfra/{params.name}", lambda: tf.device(device), device)
+
+
+def table_lock(optimizer, params):
+    """The lock that `optimizer`'s updates of the TFRA table `params` run under (created on first use)."""
+    return _table_state(optimizer, params)[0]
+
+
+def run_locked(lock, fn):
+    """`lock.execute(fn)` in a traced step, its release kept out of TF's program-order chain.
+
+    The release is a control input of the returned value: whatever uses
+    the value waits for it.
+    """
+    output = lock.execute(fn, exclusive_resource_access=False)
+    _exempt_release_from_ordering(output)
+    return output
 
 
 def _fresh_slot_rows(optimizer, slot, ids):
@@ -333,6 +353,8 @@ def _tfra_locked_update(original, optimizer, gradient, shadow):
     shadow._track_optimizer_slots(slots)  # pylint: disable=protected-access
     params = shadow.params
 
+    admission = _tfra.admission_of(params)
+
     def update():
         ids = shadow.ids.read_value()
         forward_rows = shadow.read_value(do_prefetch=False)
@@ -344,8 +366,17 @@ def _tfra_locked_update(original, optimizer, gradient, shadow):
         with tf.control_dependencies(loads):
             done = _run_counted(optimizer, step, lambda: original(optimizer, gradient, shadow))
         with tf.control_dependencies([done]):
-            writes = [params.upsert(ids, shadow.read_value(do_prefetch=False))]
-            writes += [slot.params.upsert(ids, slot.read_value(do_prefetch=False)) for slot in slots]
+            new_rows = shadow.read_value(do_prefetch=False)
+            new_slots = [slot.read_value(do_prefetch=False) for slot in slots]
+            if admission is not None:
+                # Only admitted keys get a row and slots (tf_psx.tables.TablePolicy).
+                keep = tf.reshape(admission(ids), [-1])
+                ids = tf.reshape(ids, [-1])
+                ids = tf.boolean_mask(ids, keep)
+                new_rows = tf.boolean_mask(new_rows, keep)
+                new_slots = [tf.boolean_mask(value, keep) for value in new_slots]
+            writes = [params.upsert(ids, new_rows)]
+            writes += [slot.params.upsert(ids, value) for slot, value in zip(slots, new_slots)]
             if params.restrict_policy is not None:
                 writes.append(params.restrict_policy.apply_update(ids))
         with tf.control_dependencies(writes):
@@ -370,7 +401,11 @@ def tfra_apply_gradients_fn(optimizer, tfra_fn):
     base = _base_optimizer_class()
 
     def apply_gradients_fn(distribution, grads_and_vars, **kwargs):
-        if not _strategy_wants_exact(optimizer):
+        grads_and_vars = list(grads_and_vars)
+        with_policy = any(_is_tfra_shadow(var) and _tfra.admission_of(var.params) is not None
+                          for _, var in grads_and_vars)
+        if not _strategy_wants_exact(optimizer) and not with_policy:
+            # Tables with admission always take the path below, which writes admitted keys only.
             return tfra_fn(distribution, grads_and_vars, **kwargs)
         original = base._update_step.__wrapped__  # pylint: disable=protected-access
 

@@ -29,6 +29,7 @@ def tfra():
                 import tensorflow_recommenders_addons.dynamic_embedding  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
         finally:
             tf_logger.setLevel(level)
+        _patch_table_restore()
         if keras3_init is not None:
             # TFRA patches VarianceScaling.__call__ of every Keras it finds,
             # Keras 3 included, with a body that needs tf-keras internals:
@@ -37,6 +38,43 @@ def tfra():
             # with tf-keras, so Keras 3 gets its own method back.
             keras3_init.__call__ = saved_call
     return sys.modules["tensorflow_recommenders_addons.dynamic_embedding"]
+
+
+def _patch_table_restore() -> None:
+    """Lets a TFRA 0.8.1 table of dim > 1 restore where TF runs the import op's shape function.
+
+    `CuckooHashTableImport`'s shape function merges the keys' shape [n] with
+    the values' shape [n, dim], which fails for any dim > 1 when the shapes
+    are known: measured under a ParameterServerStrategy with one ps task, a
+    snapshot of a DynamicEmbedding could not be restored ("Shapes must be
+    equal rank, but are 1 and 2 ... CuckooHashTableImport"). On that error
+    the restore clears the table and inserts the saved rows, which leaves the
+    same contents.
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorflow_recommenders_addons.dynamic_embedding.python.ops import (  # pylint: disable=import-outside-toplevel
+        cuckoo_hashtable_ops,
+    )
+
+    saveable = cuckoo_hashtable_ops.CuckooHashTable._Saveable  # pylint: disable=protected-access
+    if getattr(saveable.restore, "__wrapped__", None) is not None:
+        return
+    original = saveable.restore
+
+    def restore(self, restored_tensors, restored_shapes, name=None):
+        try:
+            return original(self, restored_tensors, restored_shapes, name=name)
+        except (tf.errors.InvalidArgumentError, ValueError) as error:
+            if "must be equal rank" not in str(error):
+                raise
+        table = self.op
+        with tf.device(table.resource_handle.device):
+            cleared = table.clear()
+            with tf.control_dependencies([cleared]):
+                return table.insert(restored_tensors[0], restored_tensors[1])
+
+    restore.__wrapped__ = original
+    saveable.restore = restore
 
 
 def load_tfra_ops() -> bool:
@@ -104,6 +142,22 @@ def tfra_variable_class():
 HASH_TABLE_LAYER_ATTR = "_tf_psx_hash_table_layer"
 
 
+# Set on a TFRA `dynamic_embedding.Variable` whose keys need admission: a
+# function from a batch's keys to a bool per key (may it hold a row). The
+# exact update writes rows and slots back only for admitted keys.
+ADMISSION_ATTR = "_tf_psx_admission"
+
+
+def set_admission(params, admitted) -> None:
+    """Makes the optimizer write rows of `params` only for keys where `admitted(keys)` is True."""
+    setattr(params, ADMISSION_ATTR, admitted)
+
+
+def admission_of(params):
+    """The admission function set on a TFRA variable, or None."""
+    return getattr(params, ADMISSION_ATTR, None)
+
+
 def _model_has_dynamic_embedding(model) -> bool:
     return any(getattr(layer, HASH_TABLE_LAYER_ATTR, False) for layer in model._flatten_layers())  # pylint: disable=protected-access
 
@@ -148,6 +202,9 @@ def install_tfra_optimizer_hook() -> None:
         original_compile(self, optimizer, *args, **kwargs)
         if _model_has_dynamic_embedding(self):
             self.optimizer = wrap_tfra_optimizer(self.optimizer)
+            for layer in self._flatten_layers():  # pylint: disable=protected-access
+                if getattr(layer, HASH_TABLE_LAYER_ATTR, False):
+                    layer.attach_optimizer(self.optimizer)
 
     compile.__doc__ = original_compile.__doc__
     compile.__wrapped__ = original_compile

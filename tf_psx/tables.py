@@ -1,0 +1,453 @@
+"""Hash-table lifecycle for `DynamicEmbedding`: admission, eviction, a disk tier, resharded restore.
+
+A `TablePolicy` gives one DynamicEmbedding a second TFRA table, its "meta"
+table, on the same ps tasks and with the same key partition as the rows.
+For every key seen in training it holds two int64s:
+
+* `count`: how many times the key was seen in training (occurrences, summed
+  over every worker). A key gets a trainable row, and optimizer slots, only
+  once `count >= min_count`; until then it reads `UNSEEN_KEY_DEFAULT` rows
+  and its gradient is dropped. `count == SPILLED` (-1) marks a key whose row
+  is in the disk tier.
+* `last_step`: the optimizer's `iterations` when a training step last looked
+  the key up. A row is updated by every training step that looks it up, so
+  this is also the step of its last update.
+
+Counting runs in the forward pass under a lock on the meta table's first ps
+task (a read and a write of each key's pair, exact under several workers);
+the optimizer writes back only rows of admitted keys
+(`tf_psx._tf.exact_updates`). `TablePolicy.evict` runs between steps (the
+`tf_psx.callbacks.TableEviction` callback) and removes rows, slots and meta
+entries under both tables' locks, rechecking that a victim was not used
+since it was chosen.
+
+Example (no cluster; the same code runs under a ParameterServerStrategy):
+
+>>> import tensorflow as tf, tf_psx
+>>> layer = tf_psx.layers.DynamicEmbedding(2, min_count=2, initializer="ones")
+>>> layer(tf.constant([[5, 7, 7]], tf.int64), training=True).numpy()[0, :, 0].tolist()
+[0.0, 1.0, 1.0]
+>>> layer.policy.counts([5, 7]).tolist()
+[1, 2]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tf_psx._tf import exact_updates as _exact_updates, tfra as _tfra
+
+__all__ = ["TablePolicy", "DiskTier", "EvictionReport", "SPILLED", "restore_tables", "seed_policies"]
+
+logger = logging.getLogger("tf_psx")
+
+# `count` of a key whose row and slots were moved to the disk tier.
+SPILLED = -1
+_COUNT, _LAST = 0, 1
+
+
+@dataclasses.dataclass
+class EvictionReport:
+    """What one `TablePolicy.evict` call did."""
+
+    table: str
+    step: int
+    rows_before: int
+    rows_after: int
+    evicted_by_age: int = 0
+    evicted_by_size: int = 0
+    pending_dropped: int = 0
+    spilled: int = 0
+    returned: int = 0
+    skipped_in_use: int = 0
+    seconds: float = 0.0
+
+    @property
+    def evicted(self) -> int:
+        return self.evicted_by_age + self.evicted_by_size
+
+
+class TablePolicy:
+    """Admission (`min_count`), eviction (`max_age_steps`, `max_rows`) and the disk tier of one table.
+
+    Built by `DynamicEmbedding` when any of them is set; use it through the
+    layer (`layer.policy`). Size eviction keeps the `max_rows` most recently
+    used rows (by `last_step`; least recently used go first).
+
+    Attributes:
+      rows_evicted: rows removed by eviction (age and size) since the layer was built.
+      rows_spilled: rows moved to the disk tier; `rows_returned`: rows moved back.
+      reports: the `EvictionReport` of every `evict` call.
+    """
+
+    def __init__(self, layer, *, min_count: int, max_age_steps: int | None, max_rows: int | None,
+                 spill_dir: str | None, devices):
+        de = _tfra.tfra()
+        self.layer = layer
+        self.min_count = int(min_count)
+        self.max_age_steps = max_age_steps
+        self.max_rows = max_rows
+        self.meta = de.Variable(
+            key_dtype=tf.int64, value_dtype=tf.int64, dim=2, devices=devices,
+            name=f"{layer.name}_meta", initializer=0, trainable=False,
+        )
+        with tf.init_scope(), tf.device(self.meta.devices[0]):
+            self.lock = tf.CriticalSection(shared_name=f"tf_psx_meta_{layer.name}_{id(self)}")
+        self.disk = DiskTier(spill_dir, layer.output_dim) if spill_dir else None
+        self.rows_evicted = 0
+        self.rows_spilled = 0
+        self.rows_returned = 0
+        self.reports: list[EvictionReport] = []
+        self._optimizer = None
+
+    # -- the training step ----------------------------------------------------
+
+    def attach_optimizer(self, optimizer) -> None:
+        """The optimizer whose `iterations` ages rows (set by `Model.compile`)."""
+        self._optimizer = optimizer
+
+    def _step(self) -> tf.Tensor:
+        if self._optimizer is None:
+            return tf.constant(0, tf.int64)
+        return tf.cast(self._optimizer.iterations, tf.int64)
+
+    def count(self, unique: tf.Tensor, occurrences: tf.Tensor) -> tf.Tensor:
+        """Adds `occurrences` to the counts of `unique` keys; returns the new counts (under the lock)."""
+        step = self._step()
+        occurrences = tf.cast(occurrences, tf.int64)
+
+        def body():
+            old = self.meta.lookup(unique)
+            counts = old[:, _COUNT]
+            new_counts = tf.where(counts < 0, counts, counts + occurrences)
+            new = tf.stack([new_counts, tf.fill(tf.shape(new_counts), step)], axis=1)
+            with tf.control_dependencies([self.meta.upsert(unique, new)]):
+                return tf.identity(new_counts)
+
+        return _exact_updates.run_locked(self.lock, body)
+
+    def admitted(self, keys: tf.Tensor) -> tf.Tensor:
+        """bool per key: it may hold a row (its count reached `min_count`)."""
+        counts = self.meta.lookup(keys)[:, _COUNT]
+        return tf.reshape(counts >= self.min_count, [-1])
+
+    def check_budget(self, unique: tf.Tensor):
+        """An error when one batch has more distinct keys than `max_rows` (eviction would drop what it trains)."""
+        if self.max_rows is None:
+            return tf.no_op()
+        message = (f"DynamicEmbedding `{self.layer.name}`: a batch has more distinct keys than max_rows="
+                   f"{self.max_rows}, so eviction would remove rows the step just trained. Distinct keys in "
+                   "the batch:")
+        fix = "Fix: raise max_rows well above the distinct keys of one batch (times the number of workers)."
+        n = tf.size(unique, out_type=tf.int64)
+        if tf.executing_eagerly():
+            if int(n) > self.max_rows:
+                raise tf.errors.InvalidArgumentError(None, None, f"{message} {int(n)}. {fix}")
+            return tf.no_op()
+        return tf.debugging.Assert(n <= self.max_rows, [message, n, fix], summarize=1)
+
+    # -- reading state (coordinator) -------------------------------------------
+
+    def counts(self, keys) -> np.ndarray:
+        """Training occurrences counted for `keys` (0 for keys never seen, SPILLED for rows on disk)."""
+        return self.meta.lookup(tf.constant(np.asarray(keys, np.int64)))[:, _COUNT].numpy()
+
+    def last_steps(self, keys) -> np.ndarray:
+        """The `iterations` at which each key was last used in training."""
+        return self.meta.lookup(tf.constant(np.asarray(keys, np.int64)))[:, _LAST].numpy()
+
+    def tracked_keys(self) -> int:
+        """Keys in the meta table (rows, pending counters and spilled keys)."""
+        return int(self.meta.size())
+
+    def _tables(self) -> list:
+        """The row table and its optimizer slot tables."""
+        return [self.layer.table] + slot_tables(self.layer)
+
+    # -- eviction (between steps, on the coordinator) -----------------------------
+
+    def evict(self, step: int | None = None) -> EvictionReport:
+        """Applies `max_age_steps` and `max_rows` now, and brings spilled keys that came back.
+
+        Args:
+          step: the current `iterations` (read from the optimizer when None).
+
+        Returns:
+          An `EvictionReport` (also appended to `reports`).
+        """
+        start = time.perf_counter()
+        if step is None:
+            step = int(self._step().numpy())
+        keys, values = (t.numpy() for t in self.meta.export())
+        report = EvictionReport(self.layer.table.name, int(step), rows_before=self.layer.size(), rows_after=0)
+        counts, last = values[:, _COUNT], values[:, _LAST]
+        admitted = counts >= self.min_count
+        pending = (counts >= 0) & ~admitted
+        spilled = counts == SPILLED
+        victim = np.zeros(len(keys), bool)
+        if self.max_age_steps is not None:
+            old = (step - last) > self.max_age_steps
+            report.evicted_by_age = int(np.sum(old & admitted))
+            report.pending_dropped += int(np.sum(old & pending))
+            victim |= old & (admitted | pending)
+        if self.max_rows is not None:
+            for group, field in ((admitted, "evicted_by_size"), (pending, "pending_dropped")):
+                # The max_rows most recently used stay (pending counters have a
+                # budget of their own, of the same size).
+                alive = np.flatnonzero(group & ~victim)
+                if len(alive) > self.max_rows:
+                    order = np.argsort(-last[alive], kind="stable")
+                    drop = alive[order[self.max_rows:]]
+                    victim[drop] = True
+                    setattr(report, field, getattr(report, field) + len(drop))
+        rows_victims = victim & admitted
+        if np.any(victim):
+            removed, report.spilled = self._remove(keys[victim], last[victim], rows_victims[victim])
+            report.skipped_in_use = int(np.sum(victim)) - removed
+        if self.disk is not None:
+            back = spilled & (last >= 0)  # spilling sets last_step to -1; a lookup since sets it to the step
+            if np.any(back):
+                report.returned = self._bring_back(keys[back])
+        report.rows_after = self.layer.size()
+        report.seconds = time.perf_counter() - start
+        self.rows_evicted += report.evicted - report.skipped_in_use
+        self.rows_spilled += report.spilled
+        self.rows_returned += report.returned
+        self.reports.append(report)
+        return report
+
+    def _locked(self, body):
+        """Runs `body` under the meta lock and the row table's lock (no step counts or applies meanwhile)."""
+        table_lock = _exact_updates.table_lock(getattr(self._optimizer, "inner_optimizer", self._optimizer),
+                                               self.layer.table) if self._optimizer is not None else None
+
+        @tf.function(autograph=False)
+        def locked():
+            if table_lock is None:
+                return self.lock.execute(body, exclusive_resource_access=False)
+            return self.lock.execute(lambda: table_lock.execute(body, exclusive_resource_access=False),
+                                     exclusive_resource_access=False)
+
+        return locked()
+
+    def _remove(self, keys: np.ndarray, last: np.ndarray, has_row: np.ndarray) -> tuple[int, int]:
+        """Removes the victims not used since they were chosen; returns (removed, spilled)."""
+        keys_t, last_t = tf.constant(keys), tf.constant(last)
+        tables = self._tables()
+        disk = self.disk
+
+        def body():
+            # A victim used since it was chosen (its last_step moved) stays.
+            current = self.meta.lookup(keys_t)[:, _LAST]
+            still = tf.reshape(tf.equal(current, last_t), [-1])
+            gone = tf.boolean_mask(keys_t, still)
+            spill = tf.boolean_mask(keys_t, tf.logical_and(still, tf.constant(np.asarray(has_row, bool))))
+            outputs = [tf.size(gone)]
+            if disk is not None:
+                outputs += [spill] + [table.lookup(spill) for table in tables]
+            with tf.control_dependencies(outputs[1:]):
+                removes = [table.remove(gone) for table in tables]
+                if disk is not None:
+                    marks = tf.stack([tf.fill(tf.shape(spill), tf.constant(SPILLED, tf.int64)),
+                                      tf.fill(tf.shape(spill), tf.constant(-1, tf.int64))], axis=1)
+                    with tf.control_dependencies([self.meta.remove(gone)]):
+                        removes.append(self.meta.upsert(spill, marks))
+                else:
+                    removes.append(self.meta.remove(gone))
+            with tf.control_dependencies(removes):
+                return [tf.identity(t) for t in outputs]
+
+        outputs = self._locked(body)
+        spilled = 0
+        if disk is not None:
+            spilled_keys = outputs[1].numpy()
+            disk.write(spilled_keys, [o.numpy().reshape(len(spilled_keys), -1) for o in outputs[2:]],
+                       step=int(self._step().numpy()))
+            spilled = len(spilled_keys)
+        return int(outputs[0].numpy()), spilled
+
+    def _bring_back(self, keys: np.ndarray) -> int:
+        found, parts = self.disk.read(keys)
+        if not len(found):
+            return 0
+        tables = self._tables()
+        parts = parts[: len(tables)]
+        keys_t = tf.constant(found)
+        values = [tf.constant(p, dtype=t.value_dtype) for p, t in zip(parts, tables)]
+
+        def body():
+            last = self.meta.lookup(keys_t)[:, _LAST]
+            writes = [table.upsert(keys_t, value) for table, value in zip(tables, values)]
+            admitted = tf.stack([tf.fill(tf.shape(last), tf.constant(self.min_count, tf.int64)), last], axis=1)
+            writes.append(self.meta.upsert(keys_t, admitted))
+            with tf.control_dependencies(writes):
+                return tf.size(keys_t)
+
+        count = int(self._locked(body).numpy())
+        self.disk.forget(found)
+        return count
+
+    # -- restore ------------------------------------------------------------------
+
+    def seed(self, step: int = 0) -> int:
+        """Admits every key that has a row but no meta entry (a snapshot taken without a policy).
+
+        Returns how many keys were seeded (0 when the meta table already has entries).
+        """
+        if int(self.meta.size()) > 0 or self.layer.size() == 0:
+            return 0
+        keys, _ = self.layer.table.export()
+        values = tf.stack([tf.fill(tf.shape(keys), tf.constant(self.min_count, tf.int64)),
+                           tf.fill(tf.shape(keys), tf.constant(int(step), tf.int64))], axis=1)
+        self.meta.upsert(keys, values)
+        return int(tf.size(keys))
+
+
+class DiskTier:
+    """A spill store for evicted rows and their optimizer slots: one directory per table.
+
+    Records are fixed-size (int64 key, the rows of every table as float64
+    bytes) appended to `rows.bin`; an in-memory index maps a key to its
+    record and the step it was spilled at, and is written to `index.npz`
+    after every change. A key read back is forgotten (its record becomes
+    garbage; `compact()` rewrites the file).
+    """
+
+    def __init__(self, directory: str, dim: int):
+        self.directory = os.fspath(directory)
+        os.makedirs(self.directory, exist_ok=True)
+        self.dim = int(dim)
+        self._data = os.path.join(self.directory, "rows.bin")
+        self._index_path = os.path.join(self.directory, "index.npz")
+        self._index: dict[int, tuple[int, int]] = {}
+        self._width = None
+        if os.path.exists(self._index_path):
+            saved = np.load(self._index_path)
+            self._width = int(saved["width"])
+            self._index = {int(k): (int(o), int(s)) for k, o, s in zip(saved["keys"], saved["offsets"], saved["steps"])}
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def spilled_at(self, keys: np.ndarray) -> np.ndarray:
+        """The step each key was spilled at (a large number for keys not on disk)."""
+        big = np.iinfo(np.int64).max
+        return np.array([self._index.get(int(k), (0, big))[1] for k in keys], np.int64)
+
+    def write(self, keys: np.ndarray, parts: list[np.ndarray], step: int) -> None:
+        """Appends the rows (`parts[i][j]` of table i for key j) of `keys`."""
+        if not len(keys):
+            return
+        block = np.concatenate([np.asarray(p, np.float64).reshape(len(keys), -1) for p in parts], axis=1)
+        width = block.shape[1]
+        if self._width is None:
+            self._width = width
+        if width != self._width:
+            raise ValueError(f"DiskTier {self.directory}: rows of width {width}, the store holds {self._width}. "
+                             "Fix: use a new spill_dir for a model with other slots or dims.")
+        records = np.empty(len(keys), dtype=[("key", "<i8"), ("row", "<f8", (width,))])
+        records["key"], records["row"] = keys, block
+        with open(self._data, "ab") as handle:
+            first = handle.tell() // records.itemsize
+            handle.write(records.tobytes())
+            handle.flush()
+            os.fsync(handle.fileno())
+        for i, key in enumerate(keys):
+            self._index[int(key)] = (first + i, int(step))
+        self._save_index()
+
+    def read(self, keys: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(keys found, [rows of table i]) for the keys on disk."""
+        found = [int(k) for k in keys if int(k) in self._index]
+        if not found:
+            return np.zeros(0, np.int64), []
+        record = np.dtype([("key", "<i8"), ("row", "<f8", (self._width,))])
+        data = np.memmap(self._data, dtype=record, mode="r")
+        rows = np.stack([data[self._index[k][0]]["row"] for k in found])
+        assert np.array_equal(np.array([data[self._index[k][0]]["key"] for k in found]), found)
+        parts = [rows[:, i:i + self.dim] for i in range(0, self._width, self.dim)]
+        return np.array(found, np.int64), parts
+
+    def forget(self, keys) -> None:
+        for key in keys:
+            self._index.pop(int(key), None)
+        self._save_index()
+
+    def _save_index(self) -> None:
+        keys = np.array(list(self._index), np.int64)
+        offsets = np.array([v[0] for v in self._index.values()], np.int64)
+        steps = np.array([v[1] for v in self._index.values()], np.int64)
+        tmp = self._index_path + ".tmp.npz"
+        np.savez(tmp, keys=keys, offsets=offsets, steps=steps, width=np.int64(self._width or 0))
+        os.replace(tmp, self._index_path)
+
+
+# -- restore onto another number of ps tasks ----------------------------------------
+
+def hash_table_layers(model) -> list:
+    """The DynamicEmbedding layers of `model` (any depth)."""
+    return [layer for layer in model.submodules if getattr(layer, _tfra.HASH_TABLE_LAYER_ATTR, False)]
+
+
+def slot_tables(layer) -> list:
+    """The optimizer slot tables (TFRA variables) of a DynamicEmbedding, made on its first apply."""
+    slots = getattr(layer.embedding, "optimizer_vars", None) or []
+    return list(getattr(slots, "value", slots))
+
+
+def _layer_tables(layer) -> list:
+    tables = [layer.table] + slot_tables(layer)
+    if layer.policy is not None:
+        tables.append(layer.policy.meta)
+    return tables
+
+
+def restore_tables(model, prefix: str) -> list[str]:
+    """Moves every DynamicEmbedding row restored from `prefix` onto the shard its key belongs to.
+
+    TFRA saves one table per ps task, numbered, and restores table i into
+    table i. When the snapshot was written with another number of ps tasks
+    (2 -> 3), the keys are then on the wrong shards (lookups miss them) or,
+    with fewer tasks, not restored at all. For each table (rows, optimizer
+    slots, meta) whose shard count differs, this clears it and inserts every
+    saved shard again through the table's own key partition. Tables saved
+    with the current shard count are left as TF restored them.
+
+    Returns:
+      The names of the tables that were resharded.
+    """
+    reader = tf.train.load_checkpoint(prefix)
+    names = list(reader.get_variable_to_shape_map())
+    resharded = []
+    for layer in hash_table_layers(model):
+        for table in _layer_tables(layer):
+            escaped = re.escape(table.name.replace("/", ".S"))
+            pattern = re.compile(rf"tables_of_{escaped}/(\d+)/\.ATTRIBUTES/table-keys$")
+            shards = {}
+            for name in names:
+                match = pattern.search(name)
+                if match:
+                    shards.setdefault(int(match.group(1)), name)
+            if not shards or len(shards) == len(table.devices):
+                continue
+            table.clear()
+            for name in shards.values():
+                keys = reader.get_tensor(name)
+                values = reader.get_tensor(name[: -len("table-keys")] + "table-values")
+                if len(keys):
+                    table.upsert(tf.constant(keys), tf.constant(values, dtype=table.value_dtype))
+            resharded.append(table.name)
+            logger.info("table %s restored from %d shards onto %d", table.name, len(shards), len(table.devices))
+    return resharded
+
+
+def seed_policies(model, step: int = 0) -> int:
+    """`TablePolicy.seed` for every DynamicEmbedding of `model` with a policy; returns keys seeded."""
+    return sum(layer.policy.seed(step) for layer in hash_table_layers(model) if layer.policy is not None)
