@@ -1024,11 +1024,11 @@ def _table_values(model) -> dict[str, float]:
 # TableEviction
 
 
-class TableEviction(_keras.callbacks.Callback):
+class TableEviction(_RunCallback):
     """Applies hash-table eviction (`max_age_steps`, `max_rows`, `spill_dir`) on a schedule.
 
     Every `every_n_steps` steps and/or every `every_seconds` seconds (and
-    once when fit ends), each `tf_psx.layers.DynamicEmbedding` of the model
+    once when fit ends, after its last step), each `tf_psx.layers.DynamicEmbedding` of the model
     that has a policy runs `layer.policy.evict()`: the rows to drop are chosen
     from a copy of the table's meta entries, then removed (with their
     optimizer slots) under the table's locks after a recheck that each was
@@ -1077,6 +1077,7 @@ class TableEviction(_keras.callbacks.Callback):
         self._layers: list = []
 
     def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
         self._layers = [layer for layer in _tables.hash_table_layers(self.model) if layer.policy is not None]
         if not self._layers:
             raise ValueError(
@@ -1099,8 +1100,9 @@ class TableEviction(_keras.callbacks.Callback):
             self._run()
 
     def on_train_end(self, logs=None):
-        if self._steps > self._last_run_step:
-            self._run()
+        # Always: under ParameterServerStrategy the runs during fit may come
+        # before the steps they follow were applied.
+        self._run()
 
     def _run(self) -> None:
         # No barrier: steps keep running; a row chosen as a victim and used
