@@ -370,8 +370,12 @@ class DiskTier:
             return np.zeros(0, np.int64), []
         record = np.dtype([("key", "<i8"), ("row", "<f8", (self._width,))])
         data = np.memmap(self._data, dtype=record, mode="r")
-        rows = np.stack([data[self._index[k][0]]["row"] for k in found])
-        assert np.array_equal(np.array([data[self._index[k][0]]["key"] for k in found]), found)
+        offsets = np.array([self._index[k][0] for k in found], np.int64)
+        picked = data[offsets]
+        if not np.array_equal(picked["key"], found):
+            raise ValueError(f"DiskTier {self.directory}: {self._data} does not match its index. Fix: use a new "
+                             "spill_dir (the store was written by another run or damaged).")
+        rows = np.asarray(picked["row"])
         parts = [rows[:, i:i + self.dim] for i in range(0, self._width, self.dim)]
         return np.array(found, np.int64), parts
 
