@@ -70,14 +70,14 @@ def run_child(script: str, *args: str, timeout: float = CHILD_TIMEOUT_S) -> dict
     return json.loads(lines[-1])
 
 
-def time_fit(model, dataset_fn, warmup_steps: int, timed_steps: int) -> float:
+def time_fit(model, dataset_fn, warmup_steps: int, timed_steps: int, callbacks=None) -> float:
     """ms per `model.fit` step over `timed_steps`, after `warmup_steps` (the trace)."""
     import time  # pylint: disable=import-outside-toplevel
 
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     data = tf.keras.utils.experimental.DatasetCreator(dataset_fn)
-    model.fit(data, epochs=1, steps_per_epoch=warmup_steps, verbose=0)
+    model.fit(data, epochs=1, steps_per_epoch=warmup_steps, verbose=0, callbacks=callbacks)
     start = time.perf_counter()
-    model.fit(data, epochs=1, steps_per_epoch=timed_steps, verbose=0)
+    model.fit(data, epochs=1, steps_per_epoch=timed_steps, verbose=0, callbacks=callbacks)
     return (time.perf_counter() - start) * 1000 / timed_steps

@@ -101,6 +101,44 @@ def disk_rates() -> dict:
     return {"rows": rows, "write_rows_per_s": rows / write_s, "read_rows_per_s": rows / read_s}
 
 
+IMAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "img", "hash_table_memory.png")
+
+
+def plot(traces: dict) -> None:
+    """Rows and ps RSS against steps, bounded and unbounded: docs/img/hash_table_memory.png."""
+    import matplotlib  # pylint: disable=import-outside-toplevel
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+    fig, (rows_axis, rss_axis) = plt.subplots(1, 2, figsize=(9, 3.6))
+    for variant, trace in traces.items():
+        steps = [point["step"] for point in trace]
+        rows_axis.plot(steps, [point["rows"] for point in trace], marker="o", markersize=3, label=variant)
+        rss_axis.plot(steps, [point["ps_rss_mib"] for point in trace], marker="o", markersize=3, label=variant)
+    rows_axis.set_xlabel("step")
+    rows_axis.set_ylabel("table rows")
+    rss_axis.set_xlabel("step")
+    rss_axis.set_ylabel("ps RSS, MiB (2 tasks)")
+    for axis in (rows_axis, rss_axis):
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize=8)
+    fig.suptitle(f"DynamicEmbedding, max_rows={MAX_ROWS:,} against unbounded")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(IMAGE), exist_ok=True)
+    fig.savefig(IMAGE, dpi=110)
+    print(f"wrote {IMAGE}")
+
+
+def add_image(path: str) -> None:
+    with open(path, encoding="utf-8") as handle:
+        record = json.load(handle)
+    record["images"] = ["img/hash_table_memory.png"]
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(record, handle, indent=2)
+        handle.write("\n")
+
+
 def main() -> None:
     from _common import run_child, write_result  # pylint: disable=import-outside-toplevel
 
@@ -128,7 +166,8 @@ def main() -> None:
     ]
     for variant, run in runs.items():
         print(variant, json.dumps(run["trace"]))
-    write_result(
+    plot({variant: run["trace"] for variant, run in runs.items()})
+    path = write_result(
         "hash_table_memory",
         f"{STEPS * BATCH * KEYS_PER_EXAMPLE:,} key events from numpy zipf(1.05) "
         f"({runs['bounded']['distinct_keys']:,} distinct), {BATCH} x {KEYS_PER_EXAMPLE} keys per step, dim {DIM}, "
@@ -137,6 +176,7 @@ def main() -> None:
         rows,
         extra={"traces": {variant: run["trace"] for variant, run in runs.items()}, "disk": disk},
     )
+    add_image(path)
 
 
 if __name__ == "__main__":

@@ -153,6 +153,7 @@ def test_table_eviction_callback_keeps_the_budget_during_fit():
     callback = tf_psx.callbacks.TableEviction(every_n_steps=2)
     model.fit(np.arange(8, dtype=np.int64).reshape(8, 1), np.zeros(8), batch_size=1, verbose=0, shuffle=False,
               callbacks=[callback])
+    # Every 2 steps (fit's end adds no run: no step since the last one).
     assert [r.rows_after for r in callback.reports] == [2, 3, 3, 3]
     assert sorted(_rows(layer)) == [5, 6, 7]
 

@@ -1100,9 +1100,10 @@ class TableEviction(_RunCallback):
             self._run()
 
     def on_train_end(self, logs=None):
-        # Always: under ParameterServerStrategy the runs during fit may come
-        # before the steps they follow were applied.
-        self._run()
+        # Under ParameterServerStrategy always: the runs during fit may have
+        # come before the steps they follow were applied.
+        if self._steps > self._last_run_step or _runtime.is_parameter_server_strategy(self.model.distribute_strategy):
+            self._run()
 
     def _run(self) -> None:
         # No barrier: steps keep running; a row chosen as a victim and used

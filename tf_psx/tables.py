@@ -44,7 +44,8 @@ import tensorflow as tf
 
 from tf_psx._tf import exact_updates as _exact_updates, tfra as _tfra
 
-__all__ = ["TablePolicy", "DiskTier", "EvictionReport", "SPILLED", "restore_tables", "seed_policies"]
+__all__ = ["TablePolicy", "DiskTier", "EvictionReport", "SPILLED", "restore_tables", "seed_policies", "slot_tables",
+           "hash_table_layers"]
 
 logger = logging.getLogger("tf_psx")
 
@@ -68,6 +69,8 @@ class EvictionReport:
     returned: int = 0
     skipped_in_use: int = 0
     seconds: float = 0.0
+    # Of `seconds`, the time both locks were held (steps touching this table wait that long at most).
+    locked_seconds: float = 0.0
 
     @property
     def evicted(self) -> int:
@@ -106,6 +109,7 @@ class TablePolicy:
         self.rows_returned = 0
         self.reports: list[EvictionReport] = []
         self._optimizer = None
+        self._functions: dict = {}
 
     # -- the training step ----------------------------------------------------
 
@@ -209,7 +213,8 @@ class TablePolicy:
                     setattr(report, field, getattr(report, field) + len(drop))
         rows_victims = victim & admitted
         if np.any(victim):
-            removed, report.spilled = self._remove(keys[victim], last[victim], rows_victims[victim])
+            removed, report.spilled, report.locked_seconds = self._remove(keys[victim], last[victim],
+                                                                          rows_victims[victim])
             report.skipped_in_use = int(np.sum(victim)) - removed
         if self.disk is not None:
             back = spilled & (last >= 0)  # spilling sets last_step to -1; a lookup since sets it to the step
@@ -223,38 +228,48 @@ class TablePolicy:
         self.reports.append(report)
         return report
 
-    def _locked(self, body):
-        """Runs `body` under the meta lock and the row table's lock (no step counts or applies meanwhile)."""
-        table_lock = _exact_updates.table_lock(getattr(self._optimizer, "inner_optimizer", self._optimizer),
-                                               self.layer.table) if self._optimizer is not None else None
+    def _locked_function(self, kind: str, make_body):
+        """A cached tf.function running `make_body(tables)(*args)` under the meta lock and the table's lock.
 
-        @tf.function(autograph=False)
-        def locked():
-            if table_lock is None:
-                return self.lock.execute(body, exclusive_resource_access=False)
-            return self.lock.execute(lambda: table_lock.execute(body, exclusive_resource_access=False),
-                                     exclusive_resource_access=False)
-
-        return locked()
-
-    def _remove(self, keys: np.ndarray, last: np.ndarray, has_row: np.ndarray) -> tuple[int, int]:
-        """Removes the victims not used since they were chosen; returns (removed, spilled)."""
-        keys_t, last_t = tf.constant(keys), tf.constant(last)
+        Under both locks no step counts keys and no optimizer writes this
+        table back meanwhile.
+        """
         tables = self._tables()
-        disk = self.disk
+        key = (kind, len(tables), self._optimizer is not None)
+        function = self._functions.get(key)
+        if function is None:
+            optimizer = getattr(self._optimizer, "inner_optimizer", self._optimizer)
+            table_lock = _exact_updates.table_lock(optimizer, self.layer.table) if optimizer is not None else None
+            body = make_body(tables)
 
-        def body():
+            @tf.function(autograph=False, reduce_retracing=True)
+            def function(*args):
+                def run():
+                    return body(*args)
+
+                if table_lock is None:
+                    return self.lock.execute(run, exclusive_resource_access=False)
+                return self.lock.execute(lambda: table_lock.execute(run, exclusive_resource_access=False),
+                                         exclusive_resource_access=False)
+
+            self._functions[key] = function
+        return function
+
+    def _remove_body(self, tables):
+        spill_rows = self.disk is not None
+
+        def body(keys, last, has_row):
             # A victim used since it was chosen (its last_step moved) stays.
-            current = self.meta.lookup(keys_t)[:, _LAST]
-            still = tf.reshape(tf.equal(current, last_t), [-1])
-            gone = tf.boolean_mask(keys_t, still)
-            spill = tf.boolean_mask(keys_t, tf.logical_and(still, tf.constant(np.asarray(has_row, bool))))
+            current = self.meta.lookup(keys)[:, _LAST]
+            still = tf.reshape(tf.equal(current, last), [-1])
+            gone = tf.boolean_mask(keys, still)
+            spill = tf.boolean_mask(keys, tf.logical_and(still, has_row))
             outputs = [tf.size(gone)]
-            if disk is not None:
+            if spill_rows:
                 outputs += [spill] + [table.lookup(spill) for table in tables]
             with tf.control_dependencies(outputs[1:]):
                 removes = [table.remove(gone) for table in tables]
-                if disk is not None:
+                if spill_rows:
                     marks = tf.stack([tf.fill(tf.shape(spill), tf.constant(SPILLED, tf.int64)),
                                       tf.fill(tf.shape(spill), tf.constant(-1, tf.int64))], axis=1)
                     with tf.control_dependencies([self.meta.remove(gone)]):
@@ -264,33 +279,42 @@ class TablePolicy:
             with tf.control_dependencies(removes):
                 return [tf.identity(t) for t in outputs]
 
-        outputs = self._locked(body)
+        return body
+
+    def _remove(self, keys: np.ndarray, last: np.ndarray, has_row: np.ndarray) -> tuple[int, int, float]:
+        """Removes the victims not used since they were chosen; returns (removed, spilled, seconds locked)."""
+        function = self._locked_function("remove", self._remove_body)
+        start = time.perf_counter()
+        outputs = function(tf.constant(keys, tf.int64), tf.constant(last, tf.int64),
+                           tf.constant(np.asarray(has_row, bool)))
+        removed = int(outputs[0].numpy())
+        locked = time.perf_counter() - start
         spilled = 0
-        if disk is not None:
+        if self.disk is not None:
             spilled_keys = outputs[1].numpy()
-            disk.write(spilled_keys, [o.numpy().reshape(len(spilled_keys), -1) for o in outputs[2:]],
-                       step=int(self._step().numpy()))
+            self.disk.write(spilled_keys, [o.numpy().reshape(len(spilled_keys), -1) for o in outputs[2:]],
+                            step=int(self._step().numpy()))
             spilled = len(spilled_keys)
-        return int(outputs[0].numpy()), spilled
+        return removed, spilled, locked
+
+    def _bring_back_body(self, tables):
+        def body(keys, *values):
+            last = self.meta.lookup(keys)[:, _LAST]
+            writes = [table.upsert(keys, value) for table, value in zip(tables, values)]
+            admitted = tf.stack([tf.fill(tf.shape(last), tf.constant(self.min_count, tf.int64)), last], axis=1)
+            writes.append(self.meta.upsert(keys, admitted))
+            with tf.control_dependencies(writes):
+                return tf.size(keys)
+
+        return body
 
     def _bring_back(self, keys: np.ndarray) -> int:
         found, parts = self.disk.read(keys)
         if not len(found):
             return 0
         tables = self._tables()
-        parts = parts[: len(tables)]
-        keys_t = tf.constant(found)
-        values = [tf.constant(p, dtype=t.value_dtype) for p, t in zip(parts, tables)]
-
-        def body():
-            last = self.meta.lookup(keys_t)[:, _LAST]
-            writes = [table.upsert(keys_t, value) for table, value in zip(tables, values)]
-            admitted = tf.stack([tf.fill(tf.shape(last), tf.constant(self.min_count, tf.int64)), last], axis=1)
-            writes.append(self.meta.upsert(keys_t, admitted))
-            with tf.control_dependencies(writes):
-                return tf.size(keys_t)
-
-        count = int(self._locked(body).numpy())
+        values = [tf.constant(part, dtype=table.value_dtype) for part, table in zip(parts, tables)]
+        count = int(self._locked_function("bring_back", self._bring_back_body)(tf.constant(found), *values).numpy())
         self.disk.forget(found)
         return count
 
