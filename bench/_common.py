@@ -45,6 +45,16 @@ def write_result(name: str, setup: str, rows: list[dict], extra: dict | None = N
     return path
 
 
+def add_images(path: str, images: list[str]) -> None:
+    """Adds image paths (relative to docs/) to a result file; report.py shows them under its table."""
+    with open(path, encoding="utf-8") as handle:
+        record = json.load(handle)
+    record["images"] = list(images)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(record, handle, indent=2)
+        handle.write("\n")
+
+
 # A fresh interpreter per measurement: TF import, cluster start and the first
 # trace take ~30 s on 2 loaded cores; the slowest measured child (stock Adam at
 # 2M rows) adds ~60 s.

@@ -160,7 +160,7 @@ def _plot(results: dict) -> None:
 
 
 def main() -> None:
-    from _common import write_result  # pylint: disable=import-outside-toplevel
+    from _common import add_images, write_result  # pylint: disable=import-outside-toplevel
 
     results = {}
     for mode in MODES:
@@ -206,12 +206,7 @@ def main() -> None:
         rows,
         extra=results,
     )
-    with open(path, encoding="utf-8") as handle:
-        record = json.load(handle)
-    record["images"] = ["img/convergence.png"]
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(record, handle, indent=2)
-        handle.write("\n")
+    add_images(path, ["img/convergence.png"])
 
 
 if __name__ == "__main__":

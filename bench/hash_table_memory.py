@@ -130,17 +130,8 @@ def plot(traces: dict) -> None:
     print(f"wrote {IMAGE}")
 
 
-def add_image(path: str) -> None:
-    with open(path, encoding="utf-8") as handle:
-        record = json.load(handle)
-    record["images"] = ["img/hash_table_memory.png"]
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(record, handle, indent=2)
-        handle.write("\n")
-
-
 def main() -> None:
-    from _common import run_child, write_result  # pylint: disable=import-outside-toplevel
+    from _common import add_images, run_child, write_result  # pylint: disable=import-outside-toplevel
 
     runs = {variant: run_child(__file__, variant, timeout=1200) for variant in ("bounded", "unbounded")}
     quarter = len(runs["bounded"]["trace"]) // 4
@@ -176,7 +167,7 @@ def main() -> None:
         rows,
         extra={"traces": {variant: run["trace"] for variant, run in runs.items()}, "disk": disk},
     )
-    add_image(path)
+    add_images(path, ["img/hash_table_memory.png"])
 
 
 if __name__ == "__main__":

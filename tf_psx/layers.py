@@ -18,7 +18,7 @@ import tensorflow as tf
 from tf_psx import _checks
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime, shadows as _shadows, tfra as _tfra
 
-__all__ = ["ShardedEmbedding", "DynamicEmbedding", "balanced_permutation"]
+__all__ = ["ShardedEmbedding", "FeatureEmbeddings", "DynamicEmbedding", "balanced_permutation"]
 
 _keras = _tf_keras.keras()
 
@@ -109,6 +109,11 @@ class ShardedEmbedding(_keras.layers.Embedding):
       output_dim: the embedding width.
       balance: store ids in the balanced order (see above).
       dedup: look up each distinct id of a batch once.
+      wire_dtype: None, "bfloat16" or "float16": the rows a step reads are
+        cast to this type on their ps task before they travel to the worker,
+        and their gradients are cast to it on the worker before they travel
+        back; the table, the optimizer and its slots stay float32 on the ps.
+        Half the value bytes on the wire, at the precision of the type.
       **embedding_kwargs: any `tf.keras.layers.Embedding` argument
         (`embeddings_initializer`, `mask_zero`, ...).
 
@@ -121,9 +126,11 @@ class ShardedEmbedding(_keras.layers.Embedding):
       * The range check costs one reduction over the batch's ids.
     """
 
-    def __init__(self, input_dim: int, output_dim: int, balance: bool = True, dedup: bool = True, **embedding_kwargs):
+    def __init__(self, input_dim: int, output_dim: int, balance: bool = True, dedup: bool = True,
+                 wire_dtype=None, **embedding_kwargs):
         _checks.int_at_least(input_dim, 1, "input_dim", owner="ShardedEmbedding",
                              fix="pass the vocabulary size, e.g. ShardedEmbedding(10_000, 16)")
+        self.wire_dtype = _wire_dtype(wire_dtype, type(self).__name__)
         if balance and input_dim > MAX_BALANCED_INPUT_DIM:
             raise ValueError(
                 f"Argument `input_dim` of ShardedEmbedding must be <= {MAX_BALANCED_INPUT_DIM} with "
@@ -165,14 +172,30 @@ class ShardedEmbedding(_keras.layers.Embedding):
         flat = tf.reshape(ids, [-1])
         if self.dedup:
             unique, position = tf.unique(flat)
-            rows = tf.nn.embedding_lookup(self.embeddings, self._storage_rows(unique))
+            rows = self._gather(self._storage_rows(unique))
             out = tf.gather(rows, position)
         else:
-            out = tf.nn.embedding_lookup(self.embeddings, self._storage_rows(flat))
+            out = self._gather(self._storage_rows(flat))
         out = tf.reshape(out, tf.concat([tf.shape(ids), [self.output_dim]], axis=0))
         if self._dtype_policy.compute_dtype != self._dtype_policy.variable_dtype:
             out = tf.cast(out, self._dtype_policy.compute_dtype)
         return out
+
+    def _gather(self, rows: tf.Tensor) -> tf.Tensor:
+        """The table's rows `rows` (storage order): one gather per shard, on its ps task."""
+        if self.wire_dtype is None:
+            return tf.nn.embedding_lookup(self.embeddings, rows)
+        shards = list(getattr(self.embeddings, "variables", [self.embeddings]))
+        if len(shards) == 1:
+            return _through_wire(shards[0], rows, self.wire_dtype)
+        sizes = [int(shard.shape[0]) for shard in shards]
+        starts = tf.constant(np.cumsum([0] + sizes[:-1]), tf.int64)
+        shard_of = tf.cast(tf.searchsorted(starts, rows, side="right") - 1, tf.int32)
+        local = rows - tf.gather(starts, shard_of)
+        parts = tf.dynamic_partition(local, shard_of, len(shards))
+        positions = tf.dynamic_partition(tf.range(tf.size(rows)), shard_of, len(shards))
+        gathered = [_through_wire(shard, part, self.wire_dtype) for shard, part in zip(shards, parts)]
+        return tf.dynamic_stitch(positions, gathered)
 
     def num_shards(self) -> int:
         """How many shards the table has (1 when it is not sharded)."""
@@ -185,8 +208,193 @@ class ShardedEmbedding(_keras.layers.Embedding):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"balance": self.balance, "dedup": self.dedup})
+        config.update({"balance": self.balance, "dedup": self.dedup,
+                       "wire_dtype": None if self.wire_dtype is None else self.wire_dtype.name})
         return config
+
+
+_WIRE_DTYPES = ("bfloat16", "float16")
+
+
+def _wire_dtype(value, owner: str):
+    """None, or tf.bfloat16 / tf.float16 from a name or dtype; anything else is an error."""
+    if value is None:
+        return None
+    try:
+        dtype = tf.as_dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.name not in _WIRE_DTYPES:
+        raise ValueError(
+            f"Argument `wire_dtype` of {owner} must be None, \"bfloat16\" or \"float16\". Received: {value!r}. "
+            "Fix: pass wire_dtype=\"bfloat16\" (the float32 range at 8 bits of precision) or leave it None."
+        )
+    return dtype
+
+
+def _through_wire(shard, rows: tf.Tensor, wire_dtype) -> tf.Tensor:
+    """`tf.gather(shard, rows)` cast to `wire_dtype` on the shard's task, float32 again on this one.
+
+    The gradient takes the way back the same way: cast to `wire_dtype`
+    here, to float32 on the shard's task, where the optimizer applies it.
+    """
+    device = shard.device
+
+    @tf.custom_gradient
+    def wire(values):
+        with tf.device(device):
+            narrow = tf.cast(values, wire_dtype)
+        wide = tf.cast(narrow, values.dtype)
+
+        def grad(upstream):
+            narrow_grad = tf.cast(upstream, wire_dtype)
+            with tf.device(device):
+                return tf.cast(narrow_grad, values.dtype)
+
+        return wide, grad
+
+    with tf.device(device):
+        values = tf.gather(shard, rows)
+    return wire(values)
+
+
+class FeatureEmbeddings(ShardedEmbedding):
+    """Many categorical features in one sharded table: one deduplicated gather and update per ps per step.
+
+    A CTR model written the usual way has one `Embedding` per feature, so a
+    step sends one gather and one update per feature per shard (26 features
+    on 2 ps: 52 lookups and 52 updates, each its own RPC). This layer stores
+    all features of one embedding width in one `ShardedEmbedding`: feature f
+    owns rows [offset_f, offset_f + vocabulary_f), the ids of every feature of
+    a batch are deduplicated together, and the table is read with one gather
+    per shard; the optimizer then updates each shard once.
+
+    Rows are placed with `balance=True` over the whole table, so hot ids of
+    every feature spread over all shards. Use one layer per embedding width.
+
+    Example:
+
+    >>> import tf_psx, tensorflow as tf
+    >>> layer = tf_psx.layers.FeatureEmbeddings({"C1": 10, "C2": 1000}, 4)
+    >>> out = layer({"C1": tf.constant([1, 2]), "C2": tf.constant([[7, 7, 999]] * 2)})
+    >>> out["C1"].shape, out["C2"].shape
+    (TensorShape([2, 4]), TensorShape([2, 3, 4]))
+
+    Args:
+      features: {name: vocabulary size}; ids of feature `name` are in
+        [0, vocabulary size).
+      output_dim: the embedding width of every feature.
+      **kwargs: `ShardedEmbedding`'s arguments (`balance`, `wire_dtype`,
+        `embeddings_initializer`, ...).
+
+    Input: a dict {name: int ids of any shape}, with exactly the declared
+    features. Output: a dict {name: [ids shape..., output_dim]}.
+
+    Attributes:
+      features: {name: vocabulary size}, as declared.
+      offsets: {name: the first row of the feature in the fused id space}.
+
+    Raises:
+      ValueError: an empty or malformed `features`; a call whose features
+        differ from the declared ones (both sets are listed).
+      tf.errors.InvalidArgumentError: an id outside its feature's range
+        (naming the feature and the id), never a silent read of another
+        feature's rows.
+
+    Known limitations:
+      * The checkpoint holds one table per layer; `feature_table(name)` and
+        `feature_tables()` give each feature's rows in id order.
+      * `mask_zero` is not supported (it would mask one feature's id 0 only).
+    """
+
+    def __init__(self, features: dict, output_dim: int, **kwargs):
+        if not isinstance(features, dict) or not features:
+            raise ValueError(
+                "Argument `features` of FeatureEmbeddings must be a non-empty dict {name: vocabulary size}. "
+                f"Received: {features!r}. Fix: pass e.g. FeatureEmbeddings({{\"C1\": 1000, \"C2\": 50_000}}, 16)."
+            )
+        for name, size in features.items():
+            if not isinstance(name, str):
+                raise ValueError(f"Argument `features` of FeatureEmbeddings must have str names. Received the key "
+                                 f"{name!r}. Fix: name each feature, e.g. \"C1\".")
+            _checks.int_at_least(size, 1, f"features[{name!r}]", owner="FeatureEmbeddings",
+                                 fix=f"pass the vocabulary size of feature {name!r}")
+        if kwargs.get("mask_zero"):
+            raise ValueError("Argument `mask_zero` of FeatureEmbeddings is not supported. Received: True. Fix: drop "
+                             "it, or use one ShardedEmbedding(mask_zero=True) for that feature.")
+        self.features = {name: int(size) for name, size in features.items()}
+        self.offsets = dict(zip(self.features, np.cumsum([0] + list(self.features.values())[:-1]).tolist()))
+        super().__init__(int(sum(self.features.values())), output_dim, **kwargs)
+
+    def build(self, input_shape=None):  # the input is a dict; the table's shape does not depend on it
+        super().build(None)
+
+    def _check_features(self, inputs) -> None:
+        if not isinstance(inputs, dict):
+            raise ValueError(f"FeatureEmbeddings `{self.name}` takes a dict {{name: ids}}. Received: "
+                             f"{type(inputs).__name__}. Fix: pass {{{', '.join(repr(n) for n in self.features)}: ...}}.")
+        missing = sorted(set(self.features) - set(inputs))
+        unexpected = sorted(set(inputs) - set(self.features))
+        if missing or unexpected:
+            raise ValueError(
+                f"FeatureEmbeddings `{self.name}`: the input's features differ from the declared ones. Missing: "
+                f"{missing}. Unexpected: {unexpected}. Declared: {sorted(self.features)}. Received: "
+                f"{sorted(inputs)}. Fix: pass exactly the declared features, or declare the others."
+            )
+
+    def _feature_check(self, name: str, ids: tf.Tensor):
+        size = self.features[name]
+        bad = tf.logical_or(ids < 0, ids >= size)
+        first_bad = tf.boolean_mask(ids, bad)[:1]
+        message = f"FeatureEmbeddings `{self.name}`: ids of feature `{name}` must be in [0, {size}); received id"
+        fix = f"Fix: hash or clip the ids of `{name}` into [0, {size}), or declare a larger vocabulary for it."
+        if tf.executing_eagerly():
+            if bool(tf.reduce_any(bad)):
+                raise tf.errors.InvalidArgumentError(None, None, f"{message} {int(first_bad[0])}. {fix}")
+            return tf.no_op()
+        return tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [message, first_bad, fix], summarize=1)
+
+    def call(self, inputs):
+        self._check_features(inputs)
+        ids = {name: tf.cast(inputs[name], tf.int64) for name in self.features}
+        checks = [self._feature_check(name, value) for name, value in ids.items()]
+        with tf.control_dependencies(checks):
+            flat = [tf.reshape(value, [-1]) + self.offsets[name] for name, value in ids.items()]
+        sizes = [tf.size(part) for part in flat]
+        every = tf.concat(flat, axis=0)
+        unique, position = tf.unique(every)
+        rows = tf.gather(self._gather(self._storage_rows(unique)), position)
+        if self._dtype_policy.compute_dtype != self._dtype_policy.variable_dtype:
+            rows = tf.cast(rows, self._dtype_policy.compute_dtype)
+        parts = tf.split(rows, tf.stack(sizes), axis=0)
+        return {name: tf.reshape(part, tf.concat([tf.shape(ids[name]), [self.output_dim]], axis=0))
+                for name, part in zip(self.features, parts)}
+
+    def compute_output_shape(self, input_shape):
+        return {name: tf.TensorShape(input_shape[name]).concatenate([self.output_dim]) for name in self.features}
+
+    def feature_table(self, name: str) -> np.ndarray:
+        """The rows of feature `name` in id order, [vocabulary, output_dim] (reads every shard)."""
+        if name not in self.features:
+            raise ValueError(f"FeatureEmbeddings `{self.name}` has no feature {name!r}. Declared: {sorted(self.features)}.")
+        ids = tf.range(self.features[name], dtype=tf.int64) + self.offsets[name]
+        return tf.nn.embedding_lookup(self.embeddings, self._storage_rows(ids)).numpy()
+
+    def feature_tables(self) -> dict[str, np.ndarray]:
+        """{name: feature_table(name)} for every feature."""
+        return {name: self.feature_table(name) for name in self.features}
+
+    def get_config(self):
+        config = super().get_config()
+        for key in ("input_dim", "batch_input_shape", "input_length"):
+            config.pop(key, None)
+        config.update({"features": dict(self.features)})
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        return cls(config.pop("features"), config.pop("output_dim"), **config)
 
 
 # TFRA keys are int64; strings are hashed into them (FarmHash Fingerprint64,
