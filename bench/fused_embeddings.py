@@ -93,7 +93,7 @@ def child(variant: str, workers: str, num_features: str) -> None:
             cluster, tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
         with strategy.scope():
             inputs = {name: tf.keras.Input((), dtype=tf.int64, name=name) for name in names}
-            inputs["dense"] = tf.keras.Input((DENSE,), name="dense")
+            inputs["numeric"] = tf.keras.Input((DENSE,), name="numeric")
             if variant.startswith("stock"):
                 vectors = [tf.keras.layers.Embedding(card, DIM, name=f"emb_{name}")(inputs[name])
                            for name, card in zip(names, cards)]
@@ -103,13 +103,13 @@ def child(variant: str, workers: str, num_features: str) -> None:
                 out = layer({name: inputs[name] for name in names})
                 vectors = [out[name] for name in names]
             else:  # mlp_only: the embeddings replaced by a constant
-                zeros = tf.keras.layers.Lambda(lambda d: tf.zeros([tf.shape(d)[0], DIM]))(inputs["dense"])
+                zeros = tf.keras.layers.Lambda(lambda d: tf.zeros([tf.shape(d)[0], DIM]))(inputs["numeric"])
                 vectors = [zeros] * num_features
             if variant.endswith("stage"):
                 summed = tf.keras.layers.Lambda(lambda v: tf.reduce_sum(tf.add_n(v), axis=1, keepdims=True))(vectors)
-                logit = tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()([summed, inputs["dense"]]))
+                logit = tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()([summed, inputs["numeric"]]))
             else:
-                hidden = tf.keras.layers.Concatenate()(vectors + [inputs["dense"]])
+                hidden = tf.keras.layers.Concatenate()(vectors + [inputs["numeric"]])
                 for width in HIDDEN:
                     hidden = tf.keras.layers.Dense(width, activation="relu")(hidden)
                 logit = tf.keras.layers.Dense(1)(hidden)
@@ -117,7 +117,7 @@ def child(variant: str, workers: str, num_features: str) -> None:
             model.compile(tf.keras.optimizers.Adagrad(0.01), "binary_crossentropy")
 
         def dataset_fn(_ctx):
-            features = dict(ids, dense=dense)
+            features = dict(ids, numeric=dense)
             return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(BATCH).prefetch(4)
 
         ms = time_fit(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS)
