@@ -96,7 +96,7 @@ def test_an_id_out_of_its_feature_range_names_the_feature():
     model.compile("sgd", "binary_crossentropy")
     x, y = _data(1)
     x["C3"][3] = 7
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"ids of feature `C3` must be in \[0, 7\); received id\] \[7\]"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"ids of feature\] \[C3\] \[must be in \[0, size\); size, received id:\] \[7\] \[7\]"):
         model.fit(x, y, batch_size=BATCH, verbose=0)
 
 

@@ -342,32 +342,42 @@ class FeatureEmbeddings(ShardedEmbedding):
                 f"{sorted(inputs)}. Fix: pass exactly the declared features, or declare the others."
             )
 
-    def _feature_check(self, name: str, ids: tf.Tensor):
-        size = self.features[name]
-        bad = tf.logical_or(ids < 0, ids >= size)
-        first_bad = tf.boolean_mask(ids, bad)[:1]
-        message = f"FeatureEmbeddings `{self.name}`: ids of feature `{name}` must be in [0, {size}); received id"
-        fix = f"Fix: hash or clip the ids of `{name}` into [0, {size}), or declare a larger vocabulary for it."
+    def _range_check(self, every: tf.Tensor, counts: list):
+        """One check of all features' ids (concatenated, before their offsets): the first bad one is named."""
+        names = list(self.features)
+        sizes = tf.constant([self.features[name] for name in names], tf.int64)
+        counts = tf.stack(counts)
+        upper = tf.repeat(sizes, counts)
+        bad = tf.logical_or(every < 0, every >= upper)
+        first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)
+        feature = tf.searchsorted(tf.cumsum(tf.cast(counts, tf.int64)), tf.reshape(first, [1]), side="right")[0]
+        name = tf.gather(tf.constant(names), tf.minimum(feature, len(names) - 1))
+        size = tf.gather(sizes, tf.minimum(feature, len(names) - 1))
+        prefix = f"FeatureEmbeddings `{self.name}`: ids of feature"
+        fix = "Fix: hash or clip the ids of that feature into its range, or declare a larger vocabulary for it."
         if tf.executing_eagerly():
             if bool(tf.reduce_any(bad)):
-                raise tf.errors.InvalidArgumentError(None, None, f"{message} {int(first_bad[0])}. {fix}")
+                raise tf.errors.InvalidArgumentError(
+                    None, None, f"{prefix} `{name.numpy().decode()}` must be in [0, {int(size)}); received id "
+                    f"{int(every[first])}. {fix}")
             return tf.no_op()
-        return tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [message, first_bad, fix], summarize=1)
+        return tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(bad)),
+            [prefix, name, "must be in [0, size); size, received id:", size, every[first], fix], summarize=1)
 
     def call(self, inputs):
         self._check_features(inputs)
-        ids = {name: tf.cast(inputs[name], tf.int64) for name in self.features}
-        checks = [self._feature_check(name, value) for name, value in ids.items()]
-        with tf.control_dependencies(checks):
-            flat = [tf.reshape(value, [-1]) + self.offsets[name] for name, value in ids.items()]
+        flat = [tf.reshape(tf.cast(inputs[name], tf.int64), [-1]) for name in self.features]
         sizes = [tf.size(part) for part in flat]
         every = tf.concat(flat, axis=0)
+        with tf.control_dependencies([self._range_check(every, sizes)]):
+            every = every + tf.repeat(tf.constant(list(self.offsets.values()), tf.int64), tf.stack(sizes))
         unique, position = tf.unique(every)
         rows = tf.gather(self._gather(self._storage_rows(unique)), position)
         if self._dtype_policy.compute_dtype != self._dtype_policy.variable_dtype:
             rows = tf.cast(rows, self._dtype_policy.compute_dtype)
         parts = tf.split(rows, tf.stack(sizes), axis=0)
-        return {name: tf.reshape(part, tf.concat([tf.shape(ids[name]), [self.output_dim]], axis=0))
+        return {name: tf.reshape(part, tf.concat([tf.shape(inputs[name]), [self.output_dim]], axis=0))
                 for name, part in zip(self.features, parts)}
 
     def compute_output_shape(self, input_shape):
