@@ -726,25 +726,19 @@ class CriteoReader:
     def _pipeline(self):
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-        lines = None
-        for path, (layout, has_header) in zip(self.files, self._layouts):
-            file_lines = tf.data.TextLineDataset(path, compression_type="GZIP" if path.endswith(".gz") else None)
-            if has_header:
-                file_lines = file_lines.skip(1)
-            is_csv = layout == "csv"
-            file_lines = file_lines.map(lambda line, c=is_csv: (line, tf.constant(c)))
-            lines = file_lines if lines is None else lines.concatenate(file_lines)
         num_pipelines, pipeline_id = self.line_shard
         if num_pipelines > 1:
-            # The data-line index across one pass of the files, as the check counts lines.
-            lines = lines.enumerate().filter(lambda index, _: index % num_pipelines == pipeline_id)
-            lines = lines.map(lambda _, pair: pair)
-        lines = lines.repeat(self.num_epochs)
-        # Lines are parsed a chunk at a time (one string op per chunk, not per
-        # line), the malformed ones dropped inside the chunk, and the rows cut
-        # into batches again.
-        chunks = lines.batch(_PARSE_CHUNK).map(self._parse_many, num_parallel_calls=tf.data.AUTOTUNE,
-                                               deterministic=True)
+            chunks = self._sharded_chunks(num_pipelines, pipeline_id)
+        else:
+            # Each file in chunks of its own, parsed by the ops of its layout only.
+            chunks = None
+            for path, (layout, has_header) in zip(self.files, self._layouts):
+                file_lines = self._file_lines(path, has_header)
+                file_chunks = file_lines.batch(_PARSE_CHUNK).map(
+                    lambda lines, csv=(layout == "csv"): self._parse_many(lines, csv),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+                chunks = file_chunks if chunks is None else chunks.concatenate(file_chunks)
+        chunks = chunks.repeat(self.num_epochs)
 
         def keep(ok, label, dense, cat):
             return tf.boolean_mask(label, ok), tf.boolean_mask(dense, ok), tf.boolean_mask(cat, ok)
@@ -761,6 +755,27 @@ class CriteoReader:
 
         return ds.map(to_features, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
+    @staticmethod
+    def _file_lines(path: str, has_header: bool):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        lines = tf.data.TextLineDataset(path, compression_type="GZIP" if path.endswith(".gz") else None)
+        return lines.skip(1) if has_header else lines
+
+    def _sharded_chunks(self, num_pipelines: int, pipeline_id: int):
+        """Chunks of this pipeline's lines when they are split by line (data line k of all files -> k % n)."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        lines = None
+        for path, (layout, has_header) in zip(self.files, self._layouts):
+            is_csv = layout == "csv"
+            file_lines = self._file_lines(path, has_header).map(lambda line, c=is_csv: (line, tf.constant(c)))
+            lines = file_lines if lines is None else lines.concatenate(file_lines)
+        # The data-line index across one pass of the files, as the check counts lines.
+        lines = lines.enumerate().filter(lambda index, _: index % num_pipelines == pipeline_id)
+        lines = lines.map(lambda _, pair: pair)
+        return lines.batch(_PARSE_CHUNK).map(self._parse_many, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
     def _parse_many(self, line, is_csv):
         """A chunk of lines -> (ok [n], label [n], dense [n, 13], cat [n, 26]), by `_problem`'s rules.
 
@@ -771,17 +786,32 @@ class CriteoReader:
 
         line = tf.strings.regex_replace(line, _LINE_END, "")
         width = NUM_FIELDS + 1  # one more than needed: a longer line is seen as longer
-        by_comma, by_tab = tf.strings.split(line, ","), tf.strings.split(line, "\t")
-        csv_rows = tf.reshape(is_csv, [-1, 1])
-        count = tf.where(is_csv, by_comma.row_lengths(), by_tab.row_lengths())
-        comma_fields = tf.strings.regex_replace(by_comma.to_tensor("", shape=[None, width]), _QUOTED, "\\1")
-        fields = tf.where(csv_rows, comma_fields, by_tab.to_tensor("", shape=[None, width]))[:, :NUM_FIELDS]
+
+        def by_comma():
+            split = tf.strings.split(line, ",")
+            fields = tf.strings.regex_replace(split.to_tensor("", shape=[None, width]), _QUOTED, "\\1")
+            return split.row_lengths(), fields
+
+        def by_tab():
+            split = tf.strings.split(line, "\t")
+            return split.row_lengths(), split.to_tensor("", shape=[None, width])
+
+        if isinstance(is_csv, bool):  # one file's chunk: only its layout's ops
+            count, fields = by_comma() if is_csv else by_tab()
+        else:
+            (comma_count, comma_fields), (tab_count, tab_fields) = by_comma(), by_tab()
+            count = tf.where(is_csv, comma_count, tab_count)
+            fields = tf.where(tf.reshape(is_csv, [-1, 1]), comma_fields, tab_fields)
+        fields = fields[:, :NUM_FIELDS]
         ok = tf.equal(count, NUM_FIELDS)
         label_text, dense_text, cat = fields[:, 0], fields[:, 1 : 1 + NUM_DENSE], fields[:, 1 + NUM_DENSE :]
         labels = tf.constant([v.decode() for v in _LABELS])
         ok = ok & tf.reduce_any(tf.equal(tf.reshape(label_text, [-1, 1]), labels), axis=1)
-        matches = tf.where(csv_rows, tf.strings.regex_full_match(dense_text, _CSV_NUMBER),
-                           tf.strings.regex_full_match(dense_text, _TSV_NUMBER))
+        if isinstance(is_csv, bool):
+            matches = tf.strings.regex_full_match(dense_text, _CSV_NUMBER if is_csv else _TSV_NUMBER)
+        else:
+            matches = tf.where(tf.reshape(is_csv, [-1, 1]), tf.strings.regex_full_match(dense_text, _CSV_NUMBER),
+                               tf.strings.regex_full_match(dense_text, _TSV_NUMBER))
         empty = tf.equal(dense_text, "")
         valid = empty | ((tf.strings.length(dense_text) <= _MAX_NUMBER_CHARS) & matches)
         ok = ok & tf.reduce_all(valid, axis=1)
