@@ -123,9 +123,10 @@ def child(variant: str, workers: str, num_features: str) -> None:
         ms = time_fit(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS)
     finally:
         cluster.stop()
-    print(json.dumps({"ms_per_step": ms, "examples_per_s": 1000.0 * BATCH / ms,
-                      "value_bytes_per_step": value_bytes(ids, 2 if "bf16" in variant else 4,
-                                                          dedup=variant.startswith("fused"))}), flush=True)
+    moved = 0.0 if variant == "mlp_only" else value_bytes(ids, 2 if "bf16" in variant else 4,
+                                                          dedup=variant.startswith("fused"))
+    print(json.dumps({"ms_per_step": ms, "examples_per_s": 1000.0 * BATCH / ms, "value_bytes_per_step": moved}),
+          flush=True)
 
 
 RUNS = [
