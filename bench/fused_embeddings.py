@@ -10,7 +10,9 @@ worker task processes, `tf_psx.ParameterServerStrategy` (exact updates).
 * stock: 26 `tf.keras.layers.Embedding` layers, TF's
   `FixedShardsPartitioner(2)` (the way users write it);
 * fused: one `tf_psx.layers.FeatureEmbeddings` (2 shards);
-* fused + bf16: the same with `wire_dtype="bfloat16"`.
+* fused + bf16: the same with `wire_dtype="bfloat16"`;
+* dynamic: one `tf_psx.layers.DynamicFeatureEmbeddings` (a TFRA hash table
+  per ps, feature index folded into the key), 1 worker.
 
 Also, with 1 worker: the embedding stage alone (the embeddings summed into
 the logit, no MLP) for 26, 52 and 104 features (the features repeated with
@@ -97,6 +99,10 @@ def child(variant: str, workers: str, num_features: str) -> None:
             if variant.startswith("stock"):
                 vectors = [tf.keras.layers.Embedding(card, DIM, name=f"emb_{name}")(inputs[name])
                            for name, card in zip(names, cards)]
+            elif variant.startswith("dynamic"):
+                layer = tf_psx.layers.DynamicFeatureEmbeddings(names, DIM)
+                out = layer({name: inputs[name] for name in names})
+                vectors = [out[name] for name in names]
             elif variant.startswith("fused"):
                 wire = "bfloat16" if "bf16" in variant else None
                 layer = tf_psx.layers.FeatureEmbeddings(dict(zip(names, cards)), DIM, wire_dtype=wire)
@@ -124,7 +130,7 @@ def child(variant: str, workers: str, num_features: str) -> None:
     finally:
         cluster.stop()
     moved = 0.0 if variant == "mlp_only" else value_bytes(ids, 2 if "bf16" in variant else 4,
-                                                          dedup=variant.startswith("fused"))
+                                                          dedup=not variant.startswith("stock"))
     print(json.dumps({"ms_per_step": ms, "examples_per_s": 1000.0 * BATCH / ms, "value_bytes_per_step": moved}),
           flush=True)
 
@@ -132,6 +138,7 @@ def child(variant: str, workers: str, num_features: str) -> None:
 RUNS = [
     ("stock", 1, 26), ("fused", 1, 26), ("fused_bf16", 1, 26), ("mlp_only", 1, 26),
     ("stock", 2, 26), ("fused", 2, 26), ("fused_bf16", 2, 26),
+    ("dynamic", 1, 26), ("dynamic_stage", 1, 26),
     ("stock_stage", 1, 26), ("fused_stage", 1, 26),
     ("stock_stage", 1, 52), ("fused_stage", 1, 52),
     ("stock_stage", 1, 104), ("fused_stage", 1, 104),
@@ -183,6 +190,10 @@ def main() -> None:
                      "target": f">= {TARGETS['whole']}", "ok": ratio >= TARGETS["whole"]})
         rows.append({"metric": f"whole model, {workers} worker(s): fused bf16 / fused",
                      "value": round(rate("fused_bf16", workers) / rate("fused", workers), 3)})
+    for scope, suffix in (("whole model", ""), ("embedding stage", "_stage")):
+        ratio = rate(f"dynamic{suffix}") / rate(f"stock{suffix}")
+        rows.append({"metric": f"{scope}, 1 worker: DynamicFeatureEmbeddings (one hash table) / stock", "value": round(ratio, 3),
+                     "target": ">= 1.0", "ok": ratio >= 1.0})
     rows.append({"metric": "MLP alone (embeddings replaced by a constant), 1 worker: examples/s (the floor)",
                  "value": round(rate("mlp_only"))})
     for features in (26, 52, 104):

@@ -176,3 +176,70 @@ def test_wire_dtype_halves_the_value_bytes_and_trains_close_to_float32(ps_strate
         graph = tf.function(narrow_layer).get_concrete_function(specs).graph
     casts = [op for op in graph.get_operations() if op.type == "Cast" and op.get_attr("DstT") == tf.bfloat16]
     assert len(casts) == 2 and all("/job:ps/" in op.device for op in casts), [op.device for op in casts]
+
+
+# -- DynamicFeatureEmbeddings: many features in one hash table ---------------------------
+
+
+@pytest.mark.parametrize("features,match", [
+    ("user", r"`features` of DynamicFeatureEmbeddings must be a non-empty list"),
+    ([], r"`features` of DynamicFeatureEmbeddings must be a non-empty list"),
+    (["a", "a"], r"at most 127 distinct str names\. Received: \['a', 'a'\]"),
+    ([f"f{i}" for i in range(128)], r"at most 127 distinct str names"),
+])
+def test_dynamic_features_bad_arguments(features, match):
+    with pytest.raises(ValueError, match=match):
+        tf_psx.layers.DynamicFeatureEmbeddings(features, 4)
+
+
+def test_dynamic_features_fold_into_disjoint_key_ranges():
+    layer = tf_psx.layers.DynamicFeatureEmbeddings(["user", "item"], 2, initializer="zeros", name="fold")
+    with pytest.raises(ValueError, match=r"Missing: \['item'\]\. Unexpected: \[\]"):
+        layer({"user": tf.constant([1], tf.int64)})
+    keys, _ = tf_psx.layers.fold_feature_keys({"user": tf.constant([5, -1], tf.int64), "item": tf.constant([5])},
+                                              ["user", "item"], tf.int64)
+    # The same key in two features is two keys; a negative key keeps its low 56 bits.
+    assert keys.numpy().tolist() == [5, 2**56 - 1, (1 << 56) + 5]
+
+
+def _dynamic_models(strategy):
+    names = ["user", "item"]
+    with strategy.scope():
+        inputs = {name: tf.keras.Input((2,), dtype=tf.int64, name=name) for name in names}
+        separate = {name: tf_psx.layers.DynamicEmbedding(DIM, initializer="zeros", name=f"dyn_{name}") for name in names}
+        fused = tf_psx.layers.DynamicFeatureEmbeddings(names, DIM, initializer="zeros", name="dyn_fused")
+
+        def head(vectors):
+            flat = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(vectors[name]) for name in names])
+            return tf.keras.layers.Dense(1, activation="sigmoid", kernel_initializer="ones")(flat)
+
+        models = (tf.keras.Model(inputs, head({name: separate[name](inputs[name]) for name in names})),
+                  tf.keras.Model(inputs, head(fused(inputs))))
+        for model in models:
+            model.compile(tf.keras.optimizers.Adagrad(0.2), "binary_crossentropy")
+    return models, separate, fused
+
+
+def test_dynamic_features_equal_separate_tables_and_export(ps_strategy, tmp_path):
+    (separate_model, fused_model), separate, fused = _dynamic_models(ps_strategy)
+    rng = np.random.default_rng(3)
+    x = {"user": rng.integers(0, 10**12, (64, 2)), "item": rng.integers(0, 20, (64, 2))}
+    x["item"][:, 1] = x["user"][:, 0] % 20  # keys shared by both features
+    y = (x["item"][:, 0] % 2).astype(np.float32)
+    for model in (separate_model, fused_model):
+        def dataset(_ctx=None):
+            return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+
+        model.fit(tf.keras.utils.experimental.DatasetCreator(dataset), epochs=1, steps_per_epoch=4, verbose=0)
+    assert fused.size() == separate["user"].size() + separate["item"].size()
+    for index, name in enumerate(["user", "item"]):
+        keys = np.unique(x[name])
+        folded = (keys & (2**56 - 1)) | (index << 56)
+        np.testing.assert_allclose(fused.table.lookup(tf.constant(folded)).numpy(),
+                                   separate[name].table.lookup(tf.constant(keys)).numpy(), atol=1e-6)
+    probe = {k: v[:8] for k, v in x.items()}
+    expected = separate_model.predict(probe, verbose=0)
+    np.testing.assert_allclose(fused_model.predict(probe, verbose=0), expected, atol=1e-6)
+    served = tf.saved_model.load(tf_psx.export_serving(fused_model, str(tmp_path / "served")))
+    (out,) = served.serve({k: tf.constant(v) for k, v in probe.items()}).values()
+    np.testing.assert_allclose(out.numpy().reshape(-1, 1), expected, atol=1e-6)

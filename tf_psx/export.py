@@ -67,10 +67,12 @@ class _ServingDynamicEmbedding(_keras.layers.Layer):
     does; keys missing from the table return `UNSEEN_KEY_DEFAULT` rows.
     """
 
-    def __init__(self, output_dim: int, key_dtype: tf.DType, name: str | None = None):
+    def __init__(self, output_dim: int, key_dtype: tf.DType, name: str | None = None, features=None):
         super().__init__(name=name, trainable=False)
         self.output_dim = int(output_dim)
         self.key_dtype = tf.as_dtype(key_dtype)
+        # A DynamicFeatureEmbeddings: a dict of features folded into one table's keys.
+        self.features = list(features) if features else None
         self.table = tf.lookup.experimental.MutableHashTable(
             key_dtype=tf.int64,
             value_dtype=tf.float32,
@@ -79,10 +81,15 @@ class _ServingDynamicEmbedding(_keras.layers.Layer):
         )
 
     def call(self, inputs):
-        from tf_psx.layers import STRING_KEY_BUCKETS  # pylint: disable=import-outside-toplevel
+        from tf_psx import layers  # pylint: disable=import-outside-toplevel
 
+        if self.features is not None:
+            layers.check_feature_dict("DynamicFeatureEmbeddings", self.name, inputs, self.features)
+            keys, sizes = layers.fold_feature_keys(inputs, self.features, self.key_dtype)
+            rows = self.table.lookup(keys)
+            return layers.split_feature_rows(rows, inputs, self.features, sizes, self.output_dim)
         if self.key_dtype == tf.string:
-            keys = tf.strings.to_hash_bucket_fast(inputs, STRING_KEY_BUCKETS)
+            keys = tf.strings.to_hash_bucket_fast(inputs, layers.STRING_KEY_BUCKETS)
         else:
             keys = tf.cast(inputs, tf.int64)
         rows = self.table.lookup(tf.reshape(keys, [-1]))
@@ -199,7 +206,8 @@ def _clone_layer(layer):
     from tf_psx.layers import DynamicEmbedding  # pylint: disable=import-outside-toplevel
 
     if isinstance(layer, DynamicEmbedding):
-        return _ServingDynamicEmbedding(layer.output_dim, layer.key_dtype, name=layer.name)
+        return _ServingDynamicEmbedding(layer.output_dim, layer.key_dtype, name=layer.name,
+                                        features=getattr(layer, "features", None))
     if isinstance(layer, _keras.Model) and getattr(layer, "_is_graph_network", False):
         return _keras.models.clone_model(layer, clone_function=_clone_layer)
     return layer.__class__.from_config(layer.get_config())

@@ -18,7 +18,8 @@ import tensorflow as tf
 from tf_psx import _checks
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime, shadows as _shadows, tfra as _tfra
 
-__all__ = ["ShardedEmbedding", "FeatureEmbeddings", "DynamicEmbedding", "balanced_permutation"]
+__all__ = ["ShardedEmbedding", "FeatureEmbeddings", "DynamicEmbedding", "DynamicFeatureEmbeddings",
+           "balanced_permutation"]
 
 _keras = _tf_keras.keras()
 
@@ -329,19 +330,6 @@ class FeatureEmbeddings(ShardedEmbedding):
     def build(self, input_shape=None):  # the input is a dict; the table's shape does not depend on it
         super().build(None)
 
-    def _check_features(self, inputs) -> None:
-        if not isinstance(inputs, dict):
-            raise ValueError(f"FeatureEmbeddings `{self.name}` takes a dict {{name: ids}}. Received: "
-                             f"{type(inputs).__name__}. Fix: pass {{{', '.join(repr(n) for n in self.features)}: ...}}.")
-        missing = sorted(set(self.features) - set(inputs))
-        unexpected = sorted(set(inputs) - set(self.features))
-        if missing or unexpected:
-            raise ValueError(
-                f"FeatureEmbeddings `{self.name}`: the input's features differ from the declared ones. Missing: "
-                f"{missing}. Unexpected: {unexpected}. Declared: {sorted(self.features)}. Received: "
-                f"{sorted(inputs)}. Fix: pass exactly the declared features, or declare the others."
-            )
-
     def _range_check(self, every: tf.Tensor, counts: list):
         """One check of all features' ids (concatenated, before their offsets): the first bad one is named."""
         names = list(self.features)
@@ -366,7 +354,7 @@ class FeatureEmbeddings(ShardedEmbedding):
             [prefix, name, "must be in [0, size); size, received id:", size, every[first], fix], summarize=1)
 
     def call(self, inputs):
-        self._check_features(inputs)
+        check_feature_dict("FeatureEmbeddings", self.name, inputs, self.features)
         flat = [tf.reshape(tf.cast(inputs[name], tf.int64), [-1]) for name in self.features]
         sizes = [tf.size(part) for part in flat]
         every = tf.concat(flat, axis=0)
@@ -645,3 +633,117 @@ class DynamicEmbedding(_keras.layers.Layer):
 
 # How the Model hooks of the door recognise this layer without importing it.
 setattr(DynamicEmbedding, _tfra.HASH_TABLE_LAYER_ATTR, True)
+
+
+# DynamicFeatureEmbeddings: feature i's keys live in [i << 56, (i + 1) << 56).
+FEATURE_KEY_BITS = 56
+MAX_DYNAMIC_FEATURES = 127  # (127 << 56) + 2**56 - 1 < 2**63
+
+
+def check_feature_dict(owner: str, layer_name: str, inputs, features) -> None:
+    """The error of a call whose input is not a dict with exactly `features` (both sets listed)."""
+    if not isinstance(inputs, dict):
+        raise ValueError(f"{owner} `{layer_name}` takes a dict {{name: ids}}. Received: {type(inputs).__name__}. "
+                         f"Fix: pass {{{', '.join(repr(n) for n in features)}: ...}}.")
+    missing = sorted(set(features) - set(inputs))
+    unexpected = sorted(set(inputs) - set(features))
+    if missing or unexpected:
+        raise ValueError(
+            f"{owner} `{layer_name}`: the input's features differ from the declared ones. Missing: {missing}. "
+            f"Unexpected: {unexpected}. Declared: {sorted(features)}. Received: {sorted(inputs)}. Fix: pass "
+            "exactly the declared features, or declare the others."
+        )
+
+
+def fold_feature_keys(inputs: dict, features, key_dtype) -> tuple:
+    """(flat int64 keys with each feature's index in the top bits, sizes): the keys of one fused hash table."""
+    mask = tf.constant(2**FEATURE_KEY_BITS - 1, tf.int64)
+    flat, sizes = [], []
+    for index, name in enumerate(features):
+        value = inputs[name]
+        if key_dtype == tf.string:
+            keys = tf.strings.to_hash_bucket_fast(value, STRING_KEY_BUCKETS)
+        else:
+            keys = tf.cast(value, tf.int64)
+        keys = tf.bitwise.bitwise_or(tf.bitwise.bitwise_and(tf.reshape(keys, [-1]), mask),
+                                     tf.constant(index << FEATURE_KEY_BITS, tf.int64))
+        flat.append(keys)
+        sizes.append(tf.size(keys))
+    return tf.concat(flat, axis=0), sizes
+
+
+def split_feature_rows(rows, inputs: dict, features, sizes, output_dim: int) -> dict:
+    """Rows of the folded keys back into {name: [ids shape..., output_dim]}."""
+    parts = tf.split(rows, tf.stack(sizes), axis=0)
+    return {name: tf.reshape(part, tf.concat([tf.shape(inputs[name]), [output_dim]], axis=0))
+            for name, part in zip(features, parts)}
+
+
+class DynamicFeatureEmbeddings(DynamicEmbedding):
+    """Many open-ended categorical features in one hash table: one lookup per step for all of them.
+
+    The hash-table twin of `FeatureEmbeddings`: feature i's keys are folded
+    into [i << 56, (i + 1) << 56) (their low 56 bits, after hashing string
+    keys), so the features share one TFRA table split over the ps tasks, the
+    keys of every feature of a batch are deduplicated together, and a step
+    looks up and updates the table once. Everything else is
+    `DynamicEmbedding`'s (admission, eviction, snapshots, export).
+
+    Example:
+
+    >>> import tf_psx, tensorflow as tf
+    >>> layer = tf_psx.layers.DynamicFeatureEmbeddings(["user", "item"], 4, initializer="zeros")
+    >>> out = layer({"user": tf.constant([10**12, 7], tf.int64), "item": tf.constant([[7, 7]] * 2, tf.int64)})
+    >>> out["user"].shape, out["item"].shape
+    (TensorShape([2, 4]), TensorShape([2, 2, 4]))
+
+    Args:
+      features: the feature names, at most 127.
+      output_dim: the embedding width of every feature.
+      **kwargs: `DynamicEmbedding`'s arguments.
+
+    Input: a dict {name: keys of any shape}, with exactly the declared
+    features. Output: a dict {name: [keys shape..., output_dim]}.
+
+    Known limitations:
+      * Keys are reduced to their low 56 bits: two keys of one feature that
+        differ only above bit 55 share a row (string keys: 2**56 hash values).
+      * The checkpoint and `table` hold one table for all features.
+    """
+
+    def __init__(self, features, output_dim: int, **kwargs):
+        if isinstance(features, str) or not isinstance(features, (list, tuple)) or not features:
+            raise ValueError(
+                "Argument `features` of DynamicFeatureEmbeddings must be a non-empty list of feature names. "
+                f"Received: {features!r}. Fix: pass e.g. DynamicFeatureEmbeddings([\"user\", \"item\"], 16)."
+            )
+        if len(features) > MAX_DYNAMIC_FEATURES or len(set(features)) != len(features) or not all(
+                isinstance(name, str) for name in features):
+            raise ValueError(
+                f"Argument `features` of DynamicFeatureEmbeddings must hold at most {MAX_DYNAMIC_FEATURES} distinct "
+                f"str names. Received: {list(features)!r}. Fix: use several layers for more features, and name "
+                "each feature once."
+            )
+        super().__init__(output_dim, **kwargs)
+        self.features = list(features)
+
+    def call(self, inputs, training=None):
+        check_feature_dict("DynamicFeatureEmbeddings", self.name, inputs, self.features)
+        keys, sizes = fold_feature_keys(inputs, self.features, self.key_dtype)
+        if training is False:
+            rows = self._lookup_only(keys)
+        elif self.policy is None:
+            rows = self.embedding(keys)
+        else:
+            rows = self._admitted_lookup(keys)
+        return split_feature_rows(rows, inputs, self.features, sizes, self.output_dim)
+
+    def get_config(self):
+        config = super().get_config()
+        config["features"] = list(self.features)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        return cls(config.pop("features"), config.pop("output_dim"), **config)
