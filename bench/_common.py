@@ -45,6 +45,16 @@ def write_result(name: str, setup: str, rows: list[dict], extra: dict | None = N
     return path
 
 
+def entry(child, main, child_args: int) -> None:
+    """`python SCRIPT --child ARG...` runs `child(*ARGS)` (a measurement); `python SCRIPT` runs `main()`."""
+    import sys  # pylint: disable=import-outside-toplevel
+
+    if len(sys.argv) == child_args + 2 and sys.argv[1] == "--child":
+        child(*sys.argv[2:])
+    else:
+        main()
+
+
 def add_images(path: str, images: list[str]) -> None:
     """Adds image paths (relative to docs/) to a result file; report.py shows them under its table."""
     with open(path, encoding="utf-8") as handle:

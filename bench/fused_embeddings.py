@@ -224,7 +224,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], sys.argv[4])
-    else:
-        main()
+    from _common import entry  # pylint: disable=import-outside-toplevel
+
+    entry(child, main, 3)

@@ -180,7 +180,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        child(sys.argv[2])
-    else:
-        main()
+    from _common import entry  # pylint: disable=import-outside-toplevel
+
+    entry(child, main, 1)

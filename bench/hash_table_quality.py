@@ -88,7 +88,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3])
-    else:
-        main()
+    from _common import entry  # pylint: disable=import-outside-toplevel
+
+    entry(child, main, 2)
