@@ -530,7 +530,8 @@ def _unreadable(prefix: str) -> str | None:
     file.
     """
     try:
-        tf.train.load_checkpoint(prefix).get_tensor(_OBJECT_GRAPH_KEY)
+        # Not tf.train.load_checkpoint: on ram:// it takes the prefix for a directory.
+        tf.compat.v1.train.NewCheckpointReader(prefix).get_tensor(_OBJECT_GRAPH_KEY)
     except (tf.errors.OpError, IndexError) as error:
         return f"{type(error).__name__}: {_snapshots.first_line(error)}"
     return None
@@ -643,8 +644,11 @@ class PeriodicSync(_RunCallback):
 
     Args:
       every_n_steps: int >= 1, steps between snapshots.
-      directory: where snapshots go (a local or POSIX filesystem: the commit
-        is a directory rename). Use one directory per training run.
+      directory: where snapshots go: a local path (the commit is a directory
+        rename) or any `tf.io.gfile` URL (`gs://`, `s3://`, `hdfs://`,
+        `ram://`; the manifest, written last, commits; under a
+        ParameterServerStrategy every file is written by the coordinator).
+        Use one directory per training run.
       max_to_keep: int >= 1, complete snapshots kept.
 
     Attributes:
@@ -713,6 +717,14 @@ class PeriodicSync(_RunCallback):
             with strategy.scope(), tf.name_scope(model.optimizer.name):
                 model.optimizer.build(model.trainable_variables)
         self._checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+        self._options = None
+        if self._is_ps and not _snapshots.is_local(self.directory):
+            # The ps tasks would write their own shards through their own
+            # filesystem; on a remote one every file goes through the coordinator.
+            resolver = strategy.cluster_resolver
+            job, task = getattr(resolver, "task_type", None) or "chief", getattr(resolver, "task_id", None) or 0
+            device = f"/job:{job}/replica:0/task:{task}/device:CPU:0"
+            self._options = tf.train.CheckpointOptions(experimental_io_device=device)
         if self._writes:
             self._store.clean_temporaries()
         steps = (self.params or {}).get("steps")
@@ -736,12 +748,15 @@ class PeriodicSync(_RunCallback):
         weights it did not restore. Any other error (e.g. a ps task that is
         down) propagates.
         """
+        for path in self._store.incomplete():
+            logger.warning("PeriodicSync: skipping %s: it has no manifest or no checkpoint index (a write that did "
+                           "not finish); it is never restored", path)
         for snapshot in reversed(self.snapshots(self.directory)):
             cause = _unreadable(snapshot.checkpoint)
             if cause is None:
                 try:
                     # `read` is the counterpart of `write` (no save_counter).
-                    status = self._checkpoint.read(snapshot.checkpoint)
+                    status = self._checkpoint.read(snapshot.checkpoint, options=self._options)
                 except tf.errors.DataLossError as error:  # a tensor whose checksum does not match
                     cause = f"{type(error).__name__}: {_snapshots.first_line(error)}"
                 except ValueError as error:  # a tensor of another shape or dtype than the variable
@@ -804,7 +819,7 @@ class PeriodicSync(_RunCallback):
             manifest = {"epoch": self._epoch, "step_in_epoch": in_epoch,
                         "steps_per_epoch": (self.params or {}).get("steps"),
                         "seconds": time.perf_counter() - start}
-            self._store.commit(step, self._checkpoint.write, manifest)
+            self._store.commit(step, lambda prefix: self._checkpoint.write(prefix, options=self._options), manifest)
             self._store.prune(step)
         seconds = time.perf_counter() - start
         self._last_saved = step

@@ -3,12 +3,18 @@
 A snapshot is a directory `<directory>/snapshot-<step, 12 digits>/` holding
 a checkpoint (`ckpt.*`, written by the caller) and a manifest
 (`snapshot.json`: the step, the epoch, the step in that epoch, fit's steps
-per epoch, the seconds it took). It is written as
-`.tmp-snapshot-<step>-<id>/`, the manifest last (flushed and fsynced), and
-then renamed into place: a reader sees a whole snapshot or none. A
-directory without a readable manifest, or whose checkpoint index is missing,
-is not a snapshot. This module needs no TensorFlow and no Keras; the caller
-passes the function that writes the checkpoint.
+per epoch, the seconds it took). A directory without a readable manifest, or
+whose checkpoint index is missing, is not a snapshot.
+
+On a local (POSIX) path it is written as `.tmp-snapshot-<step>-<id>/`, the
+manifest last (flushed and fsynced), and then renamed into place: a reader
+sees a whole snapshot or none. On any other `tf.io.gfile` filesystem
+(`gs://`, `s3://`, `hdfs://`, `ram://`: object stores have no atomic rename)
+it is written in place, the manifest last, so the manifest is what commits
+it; pruning deletes the manifest first. `incomplete()` names the snapshot
+directories without one. This module needs no TensorFlow for local paths
+(tf.io.gfile is imported for the others) and no Keras; the caller passes
+the function that writes the checkpoint.
 
 Example:
 
@@ -35,7 +41,8 @@ import time
 import uuid
 from collections.abc import Callable
 
-__all__ = ["Snapshot", "SnapshotStore", "SNAPSHOT_PREFIX", "TMP_PREFIX", "MANIFEST", "CHECKPOINT_NAME"]
+__all__ = ["Snapshot", "SnapshotStore", "LocalFS", "GFileFS", "filesystem", "is_local", "SNAPSHOT_PREFIX", "TMP_PREFIX",
+           "MANIFEST", "CHECKPOINT_NAME"]
 
 logger = logging.getLogger("tf_psx")
 
@@ -76,7 +83,7 @@ class Snapshot:
     @property
     def checkpoint(self) -> str:
         """The checkpoint prefix inside the snapshot."""
-        return os.path.join(self.path, CHECKPOINT_NAME)
+        return filesystem(self.path).join(self.path, CHECKPOINT_NAME)
 
     def resume_point(self, steps_per_epoch: int | None) -> tuple[int, int]:
         """(epoch, step in epoch) at which fit continues after this snapshot."""
@@ -87,11 +94,98 @@ class Snapshot:
         return self.epoch, self.step_in_epoch
 
 
-def read_manifest(path: str) -> Snapshot | None:
+def is_local(path: str) -> bool:
+    """True for a path of this machine's filesystem (no `scheme://`)."""
+    return "://" not in os.fspath(path)
+
+
+class LocalFS:
+    """This machine's filesystem: atomic renames, fsync."""
+
+    atomic_rename = True
+    join = staticmethod(os.path.join)
+    exists = staticmethod(os.path.exists)
+    isdir = staticmethod(os.path.isdir)
+    listdir = staticmethod(os.listdir)
+    rename = staticmethod(os.rename)
+
+    @staticmethod
+    def makedirs(path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    @staticmethod
+    def read_text(path: str) -> str:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+
+    @staticmethod
+    def write_text(path: str, text: str) -> None:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    @staticmethod
+    def remove_file(path: str) -> None:
+        os.remove(path)
+
+    @staticmethod
+    def rmtree(path: str) -> None:
+        shutil.rmtree(path)
+
+
+class GFileFS:
+    """Any `tf.io.gfile` filesystem (gs://, s3://, hdfs://, ram://): no atomic rename is assumed."""
+
+    atomic_rename = False
+
+    @staticmethod
+    def _gfile():
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        return tf.io.gfile
+
+    @staticmethod
+    def join(*parts: str) -> str:
+        return "/".join([parts[0].rstrip("/")] + [part.strip("/") for part in parts[1:]])
+
+    def exists(self, path: str) -> bool:
+        return self._gfile().exists(path)
+
+    def isdir(self, path: str) -> bool:
+        return self._gfile().isdir(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return [name.rstrip("/") for name in self._gfile().listdir(path)]
+
+    def makedirs(self, path: str) -> None:
+        self._gfile().makedirs(path)
+
+    def read_text(self, path: str) -> str:
+        with self._gfile().GFile(path, "r") as handle:
+            return handle.read()
+
+    def write_text(self, path: str, text: str) -> None:
+        with self._gfile().GFile(path, "w") as handle:
+            handle.write(text)
+
+    def remove_file(self, path: str) -> None:
+        self._gfile().remove(path)
+
+    def rmtree(self, path: str) -> None:
+        self._gfile().rmtree(path)
+
+
+def filesystem(path: str):
+    """`LocalFS` for a local path, else `GFileFS`."""
+    return LocalFS() if is_local(path) else GFileFS()
+
+
+def read_manifest(path: str, fs=None) -> Snapshot | None:
     """The snapshot at `path`, or None when it is not a complete snapshot."""
+    fs = fs or filesystem(path)
     try:
-        with open(os.path.join(path, MANIFEST), encoding="utf-8") as handle:
-            data = json.load(handle)
+        data = json.loads(fs.read_text(fs.join(path, MANIFEST)))
         snapshot = Snapshot(path=path, step=int(data["step"]), epoch=int(data["epoch"]),
                             step_in_epoch=int(data["step_in_epoch"]),
                             steps_per_epoch=data.get("steps_per_epoch"), seconds=float(data.get("seconds", 0.0)))
@@ -99,7 +193,11 @@ def read_manifest(path: str) -> Snapshot | None:
         return None  # no manifest: the write was interrupted (or the name is not a snapshot)
     except (ValueError, KeyError, TypeError):
         return None  # a torn or foreign manifest (json.JSONDecodeError is a ValueError)
-    if not os.path.exists(snapshot.checkpoint + ".index"):
+    except Exception as error:  # pylint: disable=broad-except  (tf.errors.NotFoundError and kin, from gfile)
+        if type(error).__name__ in ("NotFoundError", "FailedPreconditionError", "PermissionDeniedError"):
+            return None
+        raise
+    if not fs.exists(fs.join(path, CHECKPOINT_NAME) + ".index"):
         return None
     return snapshot
 
@@ -110,11 +208,11 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def remove(path: str, why: str) -> None:
+def remove(path: str, why: str, fs=None) -> None:
     """Deletes a directory tree; a failure is logged with its cause, not raised."""
     try:
-        shutil.rmtree(path)
-    except OSError as error:
+        (fs or filesystem(path)).rmtree(path)
+    except Exception as error:  # pylint: disable=broad-except  (OSError, or tf.errors.OpError from gfile)
         logger.warning("PeriodicSync: could not delete %s (%s): %s. It is never restored; delete it by hand.",
                        path, why, first_line(error))
 
@@ -131,21 +229,29 @@ class SnapshotStore:
 
     def __init__(self, directory, max_to_keep: int, before_commit: Callable[[str], None] | None = None):
         self.directory = os.fspath(directory)
+        self.fs = filesystem(self.directory)
         self.max_to_keep = max_to_keep
         self._before_commit = before_commit
         self._warned_newer: set[str] = set()
 
+    def _snapshot_dirs(self) -> list[str]:
+        if not self.fs.isdir(self.directory):
+            return []
+        return sorted(self.fs.join(self.directory, name) for name in self.fs.listdir(self.directory)
+                      if SNAPSHOT_RE.match(name))
+
     def snapshots(self) -> list[Snapshot]:
         """The complete snapshots, oldest first."""
-        if not os.path.isdir(self.directory):
-            return []
         found = []
-        for name in os.listdir(self.directory):
-            if SNAPSHOT_RE.match(name):
-                snapshot = read_manifest(os.path.join(self.directory, name))
-                if snapshot is not None:
-                    found.append(snapshot)
+        for path in self._snapshot_dirs():
+            snapshot = read_manifest(path, self.fs)
+            if snapshot is not None:
+                found.append(snapshot)
         return sorted(found, key=lambda s: s.step)
+
+    def incomplete(self) -> list[str]:
+        """Snapshot directories without a readable manifest or checkpoint index (never restored)."""
+        return [path for path in self._snapshot_dirs() if read_manifest(path, self.fs) is None]
 
     def latest(self) -> Snapshot | None:
         """The newest complete snapshot, or None."""
@@ -154,10 +260,10 @@ class SnapshotStore:
 
     def clean_temporaries(self) -> None:
         """Creates the directory; removes what an interrupted write or prune left."""
-        os.makedirs(self.directory, exist_ok=True)
-        for name in os.listdir(self.directory):
+        self.fs.makedirs(self.directory)
+        for name in self.fs.listdir(self.directory):
             if name.startswith(TMP_PREFIX):
-                remove(os.path.join(self.directory, name), "left by an interrupted write")
+                remove(self.fs.join(self.directory, name), "left by an interrupted write", self.fs)
 
     def commit(self, step: int, write: Callable[[str], None], manifest: dict) -> str:
         """Writes the snapshot of `step` beside, then renames it into place.
@@ -171,17 +277,25 @@ class SnapshotStore:
         Returns:
           The snapshot's directory.
         """
+        final = self.fs.join(self.directory, f"{SNAPSHOT_PREFIX}{step:0{STEP_DIGITS}d}")
+        record = json.dumps({"step": step, **manifest, "time": time.time()})
+        if not self.fs.atomic_rename:
+            # No atomic rename (object stores): written in place, the manifest
+            # last; until it exists the directory is not a snapshot.
+            if self.fs.exists(final):
+                remove(final, "replaced by a new snapshot of the same step", self.fs)
+            self.fs.makedirs(final)
+            write(self.fs.join(final, CHECKPOINT_NAME))
+            if self._before_commit is not None:
+                self._before_commit(final)
+            self.fs.write_text(self.fs.join(final, MANIFEST), record)
+            return final
         tmp = self._tmp_path(step)
-        os.makedirs(tmp)
+        self.fs.makedirs(tmp)
         write(os.path.join(tmp, CHECKPOINT_NAME))
-        record = {"step": step, **manifest, "time": time.time()}
-        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as handle:
-            json.dump(record, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+        self.fs.write_text(os.path.join(tmp, MANIFEST), record)
         if self._before_commit is not None:
             self._before_commit(tmp)
-        final = os.path.join(self.directory, f"{SNAPSHOT_PREFIX}{step:0{STEP_DIGITS}d}")
         if os.path.exists(final):
             # A leftover of an earlier run at this step (without manifest, or one
             # that could not be read): moved aside in one rename, deleted once
@@ -207,6 +321,15 @@ class SnapshotStore:
         newer = [s for s in found if s.step > written]
         upto = [s for s in found if s.step <= written]  # the one just written is the last
         for snapshot in upto[:-self.max_to_keep]:
+            if not self.fs.atomic_rename:
+                # The manifest goes first: from then on it is not a snapshot.
+                try:
+                    self.fs.remove_file(self.fs.join(snapshot.path, MANIFEST))
+                except Exception as error:  # pylint: disable=broad-except  (tf.errors.OpError from gfile)
+                    logger.warning("PeriodicSync: could not prune %s: %s", snapshot.path, first_line(error))
+                    continue
+                remove(snapshot.path, f"pruned snapshot of step {snapshot.step}", self.fs)
+                continue
             # Renamed first (one atomic step: it is no longer listed), then deleted;
             # a crash in between leaves a temporary directory, removed at the next start.
             aside = self._tmp_path(snapshot.step)

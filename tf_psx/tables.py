@@ -451,7 +451,7 @@ def restore_tables(model, prefix: str) -> list[str]:
     Returns:
       The names of the tables that were resharded.
     """
-    reader = tf.train.load_checkpoint(prefix)
+    reader = tf.compat.v1.train.NewCheckpointReader(prefix)  # a prefix, also on ram://
     names = list(reader.get_variable_to_shape_map())
     resharded = []
     for layer in hash_table_layers(model):
