@@ -108,3 +108,47 @@ def test_periodic_sync_on_ram_under_the_cluster_writes_through_the_coordinator(p
     again.fit(tf.keras.utils.experimental.DatasetCreator(dataset), epochs=2, steps_per_epoch=6, verbose=0,
               callbacks=[sync])
     assert sync.restored.step == 6
+
+
+def test_background_snapshot_holds_the_values_at_its_step(tmp_path):
+    # The values are copied at the barrier: a change made right after the
+    # callback returns is not in the snapshot, which is complete after fit.
+    x, y = np.ones((16, 2)), np.ones(16)
+    model = _model()
+
+    class ZeroAfterSnapshot(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:  # right after the snapshot of step 2
+                self.saved = [w.copy() for w in self.model.get_weights()]
+                self.model.set_weights([np.full_like(w, 7.0) for w in self.model.get_weights()])
+
+    zero = ZeroAfterSnapshot()
+    sync = tf_psx.callbacks.PeriodicSync(every_n_steps=2, directory=tmp_path, background=True)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[sync, zero])
+    assert [s.step for s in tf_psx.callbacks.PeriodicSync.snapshots(tmp_path)] == [2, 4]
+    reader = tf.train.load_checkpoint(tf_psx.callbacks.PeriodicSync.snapshots(tmp_path)[0].checkpoint)
+    kernel = reader.get_tensor("model/layer_with_weights-0/kernel/.ATTRIBUTES/VARIABLE_VALUE")
+    np.testing.assert_allclose(kernel, zero.saved[0])
+    with pytest.raises(ValueError, match=r"`background` of PeriodicSync must be True or False\. Received: 'yes'"):
+        tf_psx.callbacks.PeriodicSync(2, tmp_path, background="yes")
+
+
+def test_background_snapshots_on_ram_under_the_cluster(ps_strategy):
+    directory = _ram_dir()
+    x, y = np.ones((32, 2), np.float32), np.ones(32, np.float32)
+
+    def dataset(_ctx=None):
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(4).repeat()
+
+    with ps_strategy.scope():
+        model = _model()
+    sync = tf_psx.callbacks.PeriodicSync(every_n_steps=2, directory=directory, background=True)
+    model.fit(tf.keras.utils.experimental.DatasetCreator(dataset), epochs=1, steps_per_epoch=6, verbose=0,
+              callbacks=[sync])
+    assert [s.step for s in tf_psx.callbacks.PeriodicSync.snapshots(directory)] == [2, 4, 6]
+    with ps_strategy.scope():
+        again = _model()
+    sync = tf_psx.callbacks.PeriodicSync(2, directory)
+    again.fit(tf.keras.utils.experimental.DatasetCreator(dataset), epochs=2, steps_per_epoch=6, verbose=0,
+              callbacks=[sync])
+    assert sync.restored.step == 6

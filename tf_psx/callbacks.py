@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
 import uuid
 import weakref
@@ -650,6 +651,13 @@ class PeriodicSync(_RunCallback):
         ParameterServerStrategy every file is written by the coordinator).
         Use one directory per training run.
       max_to_keep: int >= 1, complete snapshots kept.
+      background: write in the background (TF's async checkpoint,
+        `CheckpointOptions(experimental_enable_async_checkpoint=True)`): the
+        values are copied at the barrier, training resumes, and a thread
+        writes the files, then the manifest. At most one snapshot is in
+        flight: the next one, and the end of fit, wait for it. A model with
+        a DynamicEmbedding is written synchronously (TF's async checkpoint
+        copies variables only, not TFRA's hash tables), logged once.
 
     Attributes:
       restored: the `Snapshot` restored when the last fit started, or None.
@@ -672,8 +680,13 @@ class PeriodicSync(_RunCallback):
         the coordinator writes; the cost is in `snapshot_seconds`.
     """
 
-    def __init__(self, every_n_steps: int, directory, max_to_keep: int = 3):
+    def __init__(self, every_n_steps: int, directory, max_to_keep: int = 3, background: bool = False):
         super().__init__()
+        if not isinstance(background, bool):
+            raise ValueError(f"Argument `background` of PeriodicSync must be True or False. Received: {background!r}. "
+                             "Fix: pass background=True to write snapshots in the background.")
+        self.background = background
+        self._pending = None  # the thread finishing the last background snapshot
         self.every_n_steps = _checks.int_at_least(every_n_steps, 1, "every_n_steps", owner="PeriodicSync",
                                         fix='pass e.g. PeriodicSync(every_n_steps=100, directory="/tmp/run1")')
         self.directory = _check_path("PeriodicSync", "directory", directory)
@@ -725,6 +738,15 @@ class PeriodicSync(_RunCallback):
             job, task = getattr(resolver, "task_type", None) or "chief", getattr(resolver, "task_id", None) or 0
             device = f"/job:{job}/replica:0/task:{task}/device:CPU:0"
             self._options = tf.train.CheckpointOptions(experimental_io_device=device)
+        self._background = self.background
+        if self._background and _tables.hash_table_layers(model):
+            logger.info("PeriodicSync: model %s holds DynamicEmbedding tables, which TF's async checkpoint does not "
+                        "copy; its snapshots are written synchronously", model.name)
+            self._background = False
+        if self._background:
+            self._options = tf.train.CheckpointOptions(
+                experimental_io_device=getattr(self._options, "experimental_io_device", None),
+                experimental_enable_async_checkpoint=True)
         if self._writes:
             self._store.clean_temporaries()
         steps = (self.params or {}).get("steps")
@@ -807,7 +829,17 @@ class PeriodicSync(_RunCallback):
     def on_train_end(self, logs=None):
         if self._step > self._last_saved:
             self._snapshot()
+        self._finish_pending()
         _fit_hooks.clear_initial_counters(self.model)
+
+    def _finish_pending(self) -> None:
+        """Waits for the background snapshot in flight (if any); its error is raised here."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        pending.join()
+        if pending.error is not None:
+            raise pending.error
 
     def _snapshot(self) -> None:
         start = time.perf_counter()
@@ -815,17 +847,62 @@ class PeriodicSync(_RunCallback):
             _coordinator(self.model).join()
         barrier = time.perf_counter() - start
         step, in_epoch = self._step, self._step - self._epoch_start
+        self._finish_pending()
         if self._writes:
             manifest = {"epoch": self._epoch, "step_in_epoch": in_epoch,
                         "steps_per_epoch": (self.params or {}).get("steps"),
                         "seconds": time.perf_counter() - start}
-            self._store.commit(step, lambda prefix: self._checkpoint.write(prefix, options=self._options), manifest)
-            self._store.prune(step)
+            if self._background:
+                # The values are copied now; the files, the manifest and the prune follow in a thread.
+                self._pending = _BackgroundCommit(self._store, step, self._checkpoint, self._options, manifest)
+                self._pending.start_write()
+            else:
+                self._store.commit(step, lambda prefix: self._checkpoint.write(prefix, options=self._options),
+                                   manifest)
+                self._store.prune(step)
         seconds = time.perf_counter() - start
         self._last_saved = step
         self.snapshot_seconds.append(seconds)
         self._seconds.append(seconds)
         logger.info("PeriodicSync: snapshot of step %d in %.2f s (barrier %.2f s)", step, seconds, barrier)
+
+class _BackgroundCommit:
+    """One background snapshot: the async write starts on the caller's thread, the commit finishes on its own."""
+
+    def __init__(self, store, step: int, checkpoint, options, manifest: dict):
+        self.error: BaseException | None = None
+        self._store, self._step, self._checkpoint = store, step, checkpoint
+        self._options, self._manifest = options, manifest
+        self._started = threading.Event()
+        self._prefix: str | None = None
+        self._thread = threading.Thread(target=self._run, name=f"tf_psx-snapshot-{step}", daemon=True)
+
+    def start_write(self) -> None:
+        """Returns once the values are copied and the files are being written (the training stall)."""
+        self._thread.start()
+        self._started.wait()
+        if self.error is not None:
+            self.join()
+            raise self.error
+
+    def _write(self, prefix: str) -> None:
+        try:
+            self._checkpoint.write(prefix, options=self._options)
+        finally:
+            self._started.set()
+
+    def _run(self) -> None:
+        try:
+            self._store.commit(self._step, self._write, self._manifest, wait=self._checkpoint.sync)
+            self._store.prune(self._step)
+        except BaseException as error:  # pylint: disable=broad-except  (raised on the training thread)
+            self.error = error
+        finally:
+            self._started.set()
+
+    def join(self) -> None:
+        self._thread.join()
+
 
 # ----------------------------------------------------------------------------
 # ClusterMonitor

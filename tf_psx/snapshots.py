@@ -265,7 +265,8 @@ class SnapshotStore:
             if name.startswith(TMP_PREFIX):
                 remove(self.fs.join(self.directory, name), "left by an interrupted write", self.fs)
 
-    def commit(self, step: int, write: Callable[[str], None], manifest: dict) -> str:
+    def commit(self, step: int, write: Callable[[str], None], manifest: dict,
+               wait: Callable[[], None] | None = None) -> str:
         """Writes the snapshot of `step` beside, then renames it into place.
 
         Args:
@@ -273,10 +274,13 @@ class SnapshotStore:
           write: called with the checkpoint prefix inside the temporary directory.
           manifest: epoch, step_in_epoch, steps_per_epoch and seconds (step and
             time are added).
+          wait: called after `write` and before the manifest: returns once the
+            checkpoint's files are complete (for a write that runs in the background).
 
         Returns:
           The snapshot's directory.
         """
+        wait = wait or (lambda: None)
         final = self.fs.join(self.directory, f"{SNAPSHOT_PREFIX}{step:0{STEP_DIGITS}d}")
         record = json.dumps({"step": step, **manifest, "time": time.time()})
         if not self.fs.atomic_rename:
@@ -286,6 +290,7 @@ class SnapshotStore:
                 remove(final, "replaced by a new snapshot of the same step", self.fs)
             self.fs.makedirs(final)
             write(self.fs.join(final, CHECKPOINT_NAME))
+            wait()
             if self._before_commit is not None:
                 self._before_commit(final)
             self.fs.write_text(self.fs.join(final, MANIFEST), record)
@@ -293,6 +298,7 @@ class SnapshotStore:
         tmp = self._tmp_path(step)
         self.fs.makedirs(tmp)
         write(os.path.join(tmp, CHECKPOINT_NAME))
+        wait()
         self.fs.write_text(os.path.join(tmp, MANIFEST), record)
         if self._before_commit is not None:
             self._before_commit(tmp)
