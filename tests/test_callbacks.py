@@ -55,7 +55,8 @@ def test_bad_arguments_name_the_field_and_the_fix(make, match):
 def test_public_signatures():
     import inspect
 
-    assert str(inspect.signature(cb.PeriodicSync)) == "(every_n_steps: 'int', directory, max_to_keep: 'int' = 3)"
+    assert str(inspect.signature(cb.PeriodicSync)) == (
+        "(every_n_steps: 'int', directory, max_to_keep: 'int' = 3, background: 'bool' = False)")
     assert str(inspect.signature(cb.StalenessBound)) == "(max_staleness: 'int', policy: 'Policy' = 'drop')"
     assert "callbacks" in tf_psx.__all__ and tf_psx.callbacks is cb
 
