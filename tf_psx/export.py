@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import layers as _layers
+from tf_psx import layers as _layers, trail as _trail
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime
 
 __all__ = ["export_serving", "UNSEEN_KEY_DEFAULT", "SERVING_SIGNATURE"]
@@ -288,7 +288,7 @@ def _input_signature(model):
     return tf.nest.map_structure(spec, structure)
 
 
-def export_serving(model, path: str, *, overwrite: bool = False) -> str:
+def export_serving(model, path: str, *, overwrite: bool = False, metadata: dict | None = None) -> str:
     """Writes `model` as a SavedModel that serves in a plain process, with no cluster.
 
     Every variable is written whole (the shards of a `ShardedVariable` are
@@ -326,6 +326,13 @@ def export_serving(model, path: str, *, overwrite: bool = False) -> str:
         model is written beside it first; the old one is deleted only once
         the new one is complete and renamed into place, so an export that
         fails leaves the old model as it was.
+      metadata: JSON facts for the version trail (`tf_psx.trail`): e.g.
+        `{"step": sync.restored.step, "metrics": {"auc": 0.79}}`. Every
+        export writes `tf_psx_manifest.json` into `path`: these facts, the
+        package versions, the SHA-256 of each file and a content hash;
+        `tf-psx export --verify PATH` checks it. For TF Serving's
+        `NAME/VERSION/` layout, export to
+        `f"{base}/{tf_psx.trail.next_version(base)}"`.
 
     Returns:
       `path`.
@@ -334,7 +341,7 @@ def export_serving(model, path: str, *, overwrite: bool = False) -> str:
       TypeError: `model` is not a tf-keras model (a Keras 3 model raises
         `tf_psx.Keras3Error`, a subclass).
       ValueError: `model` is subclassed or unbuilt, or a layer's config does
-        not rebuild the same weights.
+        not rebuild the same weights; `metadata` is not a dict of JSON values.
       FileExistsError: `path` is a file or a non-empty directory.
       RuntimeError: called inside a `strategy.scope()`.
 
@@ -360,6 +367,7 @@ def export_serving(model, path: str, *, overwrite: bool = False) -> str:
             "strategy.scope():` block (after model.fit)."
         )
     path, replace = _check_path(path, overwrite)
+    metadata = _trail.check_metadata(metadata)
     owners = _sharded_owners(model)
     # Built on this process's CPU, whatever the cluster: the copy is what is
     # saved, and a saved device must exist wherever the model is loaded.
@@ -384,6 +392,7 @@ def export_serving(model, path: str, *, overwrite: bool = False) -> str:
         written = _beside(path, _WRITING)
         try:
             tf.saved_model.save(module, written, signatures={SERVING_SIGNATURE: signature})
+            _trail.write_manifest(written, metadata)
             _commit(written, path, replace)
         finally:
             if tf.io.gfile.exists(written):  # the write or the commit failed
