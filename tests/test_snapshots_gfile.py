@@ -88,7 +88,8 @@ def test_periodic_sync_resumes_from_ram_and_skips_an_incomplete_snapshot(caplog)
     np.testing.assert_allclose(resumed.get_weights()[0], first.get_weights()[0])
 
 
-def test_periodic_sync_on_ram_under_the_cluster_writes_through_the_coordinator(ps_strategy):
+@pytest.mark.parametrize("background", [False, True])
+def test_periodic_sync_on_ram_under_the_cluster_writes_through_the_coordinator(ps_strategy, background):
     directory = _ram_dir()
     x, y = np.ones((32, 2), np.float32), np.ones(32, np.float32)
 
@@ -97,10 +98,12 @@ def test_periodic_sync_on_ram_under_the_cluster_writes_through_the_coordinator(p
 
     with ps_strategy.scope():
         model = _model()
-    sync = tf_psx.callbacks.PeriodicSync(every_n_steps=3, directory=directory)
+    sync = tf_psx.callbacks.PeriodicSync(every_n_steps=3, directory=directory, background=background)
     model.fit(tf.keras.utils.experimental.DatasetCreator(dataset), epochs=1, steps_per_epoch=6, verbose=0,
               callbacks=[sync])
-    assert sync._options.experimental_io_device == "/job:chief/replica:0/task:0/device:CPU:0"  # pylint: disable=protected-access  (tf_psx's own class)
+    options = sync._options  # pylint: disable=protected-access  (tf_psx's own class)
+    assert options.experimental_io_device == "/job:chief/replica:0/task:0/device:CPU:0"
+    assert options.experimental_enable_async_checkpoint == background
     assert [s.step for s in tf_psx.callbacks.PeriodicSync.snapshots(directory)] == [3, 6]
     with ps_strategy.scope():
         again = _model()
@@ -131,24 +134,3 @@ def test_background_snapshot_holds_the_values_at_its_step(tmp_path):
     np.testing.assert_allclose(kernel, zero.saved[0])
     with pytest.raises(ValueError, match=r"`background` of PeriodicSync must be True or False\. Received: 'yes'"):
         tf_psx.callbacks.PeriodicSync(2, tmp_path, background="yes")
-
-
-def test_background_snapshots_on_ram_under_the_cluster(ps_strategy):
-    directory = _ram_dir()
-    x, y = np.ones((32, 2), np.float32), np.ones(32, np.float32)
-
-    def dataset(_ctx=None):
-        return tf.data.Dataset.from_tensor_slices((x, y)).batch(4).repeat()
-
-    with ps_strategy.scope():
-        model = _model()
-    sync = tf_psx.callbacks.PeriodicSync(every_n_steps=2, directory=directory, background=True)
-    model.fit(tf.keras.utils.experimental.DatasetCreator(dataset), epochs=1, steps_per_epoch=6, verbose=0,
-              callbacks=[sync])
-    assert [s.step for s in tf_psx.callbacks.PeriodicSync.snapshots(directory)] == [2, 4, 6]
-    with ps_strategy.scope():
-        again = _model()
-    sync = tf_psx.callbacks.PeriodicSync(2, directory)
-    again.fit(tf.keras.utils.experimental.DatasetCreator(dataset), epochs=2, steps_per_epoch=6, verbose=0,
-              callbacks=[sync])
-    assert sync.restored.step == 6
