@@ -360,11 +360,6 @@ class DiskTier:
     def __len__(self) -> int:
         return len(self._index)
 
-    def spilled_at(self, keys: np.ndarray) -> np.ndarray:
-        """The step each key was spilled at (a large number for keys not on disk)."""
-        big = np.iinfo(np.int64).max
-        return np.array([self._index.get(int(k), (0, big))[1] for k in keys], np.int64)
-
     def write(self, keys: np.ndarray, parts: list[np.ndarray], step: int) -> None:
         """Appends the rows (`parts[i][j]` of table i for key j) of `keys`."""
         if not len(keys):

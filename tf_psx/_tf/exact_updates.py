@@ -414,7 +414,6 @@ def tfra_apply_gradients_fn(optimizer, tfra_fn):
                 return _tfra_locked_update(original, optimizer, grad, var)
             return optimizer._update_step(grad, var)  # pylint: disable=protected-access
 
-        grads_and_vars = list(grads_and_vars)
         for grad, var in grads_and_vars:
             if _is_tfra_shadow(var):
                 # TFRA's shadows report the coordinator's device; their
