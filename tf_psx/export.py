@@ -88,10 +88,7 @@ class _ServingDynamicEmbedding(_keras.layers.Layer):
             keys, sizes = layers.fold_feature_keys(inputs, self.features, self.key_dtype)
             rows = self.table.lookup(keys)
             return layers.split_feature_rows(rows, inputs, self.features, sizes, self.output_dim)
-        if self.key_dtype == tf.string:
-            keys = tf.strings.to_hash_bucket_fast(inputs, layers.STRING_KEY_BUCKETS)
-        else:
-            keys = tf.cast(inputs, tf.int64)
+        keys = layers.table_keys(inputs, self.key_dtype)
         rows = self.table.lookup(tf.reshape(keys, [-1]))
         return tf.reshape(rows, tf.concat([tf.shape(keys), [self.output_dim]], axis=0))
 

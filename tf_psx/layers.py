@@ -400,6 +400,13 @@ class FeatureEmbeddings(ShardedEmbedding):
 # two of a billion distinct strings collide is about 1e-1; for fewer keys it
 # is negligible.
 STRING_KEY_BUCKETS = 2**63 - 1
+
+
+def table_keys(inputs, key_dtype) -> tf.Tensor:
+    """The int64 hash-table keys of `inputs`: strings hashed (STRING_KEY_BUCKETS), ints cast."""
+    if key_dtype == tf.string:
+        return tf.strings.to_hash_bucket_fast(inputs, STRING_KEY_BUCKETS)
+    return tf.cast(inputs, tf.int64)
 # What a key never trained reads outside training (evaluate, predict) and in
 # the exported model: zeros, the "no information" row (it adds nothing to a
 # dot product or a sum pooling). In training TFRA draws the initializer's
@@ -583,10 +590,7 @@ class DynamicEmbedding(_keras.layers.Layer):
             self.policy.attach_optimizer(optimizer)
 
     def call(self, inputs, training=None):
-        if self.key_dtype == tf.string:
-            keys = tf.strings.to_hash_bucket_fast(inputs, STRING_KEY_BUCKETS)
-        else:
-            keys = tf.cast(inputs, tf.int64)
+        keys = table_keys(inputs, self.key_dtype)
         if training is False:
             # evaluate/predict: a lookup only, and a key never trained reads
             # the same row as in the exported model. None stays the training
@@ -660,11 +664,7 @@ def fold_feature_keys(inputs: dict, features, key_dtype) -> tuple:
     mask = tf.constant(2**FEATURE_KEY_BITS - 1, tf.int64)
     flat, sizes = [], []
     for index, name in enumerate(features):
-        value = inputs[name]
-        if key_dtype == tf.string:
-            keys = tf.strings.to_hash_bucket_fast(value, STRING_KEY_BUCKETS)
-        else:
-            keys = tf.cast(value, tf.int64)
+        keys = table_keys(inputs[name], key_dtype)
         keys = tf.bitwise.bitwise_or(tf.bitwise.bitwise_and(tf.reshape(keys, [-1]), mask),
                                      tf.constant(index << FEATURE_KEY_BITS, tf.int64))
         flat.append(keys)
