@@ -26,6 +26,7 @@ __all__ = [
     "ManifestError",
     "LaunchError",
     "CommandError",
+    "SyncStepError",
 ]
 
 
@@ -87,3 +88,7 @@ class LaunchError(TFPSXError, ValueError):
 
 class CommandError(TFPSXError, ValueError):
     """A `tf-psx` command was given bad input; the CLI prints it and exits 2."""
+
+
+class SyncStepError(TFPSXError, RuntimeError):
+    """A synchronous step cannot complete (no worker reachable); names the workers and the fix."""

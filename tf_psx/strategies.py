@@ -18,7 +18,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_psx import partitioners as _partitioners, weights as _weights
-from tf_psx._tf import exact_updates as _exact_updates, keras as _tf_keras, runtime as _runtime, tfra as _tfra
+from tf_psx._tf import exact_updates as _exact_updates, keras as _tf_keras, runtime as _runtime, sync as _sync, tfra as _tfra
 from tf_psx._tf import weights as _weights_hook
 from tf_psx.cluster import ClusterConfig
 from tf_psx.errors import ClusterUnreachableError, Keras3Error, LocalResourcesError, TFConfigError
@@ -52,6 +52,9 @@ _SERVER_TASKS = ("worker", "ps")
 CONNECT_TIMEOUT_S = 60.0
 # How often an unreachable task is tried again while waiting.
 CONNECT_POLL_S = 0.5
+# How long a sync step waits for a slot's gradient before reassigning it.
+SYNC_TIMEOUT_S = 60.0
+SYNC_MODES = (False, True, "switchable")
 
 
 def _address_listens(address: str) -> bool:
@@ -198,9 +201,25 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
       connect_timeout_s: how long to wait for every worker and ps task to
         accept connections before raising `ClusterUnreachableError` (TF's
         own connection waits forever); None waits as TF does.
+      sync: False (TF's asynchronous training), True (synchronous: each
+        step applies the mean of `replicas_to_aggregate` gradients, all
+        computed from the same parameters, so N workers of batch b train as
+        one worker of batch N*b), or "switchable" (starts asynchronous;
+        `set_sync` or `tf_psx.callbacks.SyncSwitch` switch it). See
+        docs/guides/sync.md.
+      replicas_to_aggregate: with `sync`, the gradients one step applies,
+        1 to the number of workers (the default). With fewer than the
+        workers, the rest are backups: a step applies once the first
+        `replicas_to_aggregate` gradients arrive, and the late ones are
+        dropped and counted (`sync_stats()["dropped"]`).
+      sync_timeout_s: with `sync`, how long a step waits for a worker that
+        took a slot and sent no gradient (it died) before the slot goes to
+        another worker; also how long `fit` waits when no worker is
+        reachable before raising `SyncStepError`.
 
     Attributes:
       exact_updates: as passed.
+      sync_controller: the sync state (None when `sync=False`).
       num_workers: the worker tasks of the cluster.
       cluster_config: the `tf_psx.ClusterConfig`, or None when a resolver
         was given.
@@ -230,13 +249,19 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         partitioner: Any = _UNSET,
         exact_updates: bool = True,
         connect_timeout_s: float | None = CONNECT_TIMEOUT_S,
+        sync: bool | str = False,
+        replicas_to_aggregate: int | None = None,
+        sync_timeout_s: float = SYNC_TIMEOUT_S,
     ):
         cluster_resolver = _one_of("cluster_resolver", cluster_resolver, "cluster", cluster)
         variable_partitioner = _one_of("variable_partitioner", variable_partitioner, "partitioner", partitioner)
         if not isinstance(exact_updates, bool):
             raise TypeError(f"Argument `exact_updates` must be True or False. Received: {exact_updates!r}.")
+        _check_sync_arguments(sync, replicas_to_aggregate, sync_timeout_s)
         resolver, config = _resolver_from(cluster_resolver)
         _check_resolver(resolver)
+        workers = resolver.cluster_spec().as_dict()["worker"]
+        replicas_to_aggregate = _check_replicas(sync, replicas_to_aggregate, len(workers))
         self.cluster_config = config
         num_ps = len(resolver.cluster_spec().as_dict()["ps"])
         variable_partitioner = _partitioner_from(variable_partitioner, num_ps)
@@ -251,6 +276,56 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
             _exact_updates.install()
         _exact_updates.install_compile_warning()
         _weights_hook.install(_weights.convert)
+        self.sync_controller = None
+        if sync is not False:
+            _sync.install()
+            self.sync_controller = _sync.SyncController(
+                self, enabled=sync is True, replicas_to_aggregate=replicas_to_aggregate,
+                timeout_s=sync_timeout_s, worker_addresses=list(workers))
+
+    def run(self, fn, args=(), kwargs=None, options=None):
+        """As TF's `run`; in sync mode the step first claims its place in a sync step."""
+        if self.sync_controller is not None:
+            fn = self.sync_controller.wrap_step(fn)
+        return super().run(fn, args=args, kwargs=kwargs, options=options)
+
+    def _sync_or_raise(self, what: str) -> "_sync.SyncController":
+        if self.sync_controller is None:
+            raise ValueError(
+                f"{what} needs a strategy made with sync=True or sync=\"switchable\"; this one has sync=False. "
+                "Fix: tf_psx.ParameterServerStrategy(cluster, sync=\"switchable\")."
+            )
+        return self.sync_controller
+
+    def set_sync(self, enabled: bool) -> None:
+        """Switches between synchronous and asynchronous steps.
+
+        Waits for the steps in flight, applies a partial sync step (fewer
+        than `replicas_to_aggregate` gradients), then switches: every batch
+        is applied once. Call it between steps, from the coordinator (a
+        callback's batch hook is such a place).
+        """
+        if not isinstance(enabled, bool):
+            raise TypeError(f"Argument `enabled` of set_sync must be True or False. Received: {enabled!r}.")
+        self._sync_or_raise("set_sync").flush(enable=enabled)
+
+    def flush_sync(self) -> None:
+        """Applies a partial sync step now (fit does this when it ends; a custom loop calls it after join)."""
+        self._sync_or_raise("flush_sync").flush()
+
+    def sync_stats(self) -> dict:
+        """The sync state: enabled, version, pending, dropped, reassigned, applied_batches, applied_steps."""
+        return self._sync_or_raise("sync_stats").stats()
+
+    def sync_version(self):
+        """Inside a step: the sync step (an int64 tensor) its gradient belongs to; -1 for an async step.
+
+        Only valid in a function passed to `run`, with `sync` on.
+        """
+        version = self._sync_or_raise("sync_version").current_version()
+        if version is None:
+            raise ValueError("sync_version() is only valid inside a function passed to strategy.run.")
+        return version
 
     @property
     def coordinator(self) -> tf.distribute.experimental.coordinator.ClusterCoordinator:
@@ -271,6 +346,36 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
     def check_model(model) -> None:
         """Raises `Keras3Error` when `model` is a Keras 3 model (not tf-keras)."""
         _tf_keras.check_not_keras3(model)
+
+
+def _check_sync_arguments(sync, replicas_to_aggregate, timeout_s) -> None:
+    if not any(sync is mode for mode in SYNC_MODES[:2]) and sync != "switchable":
+        raise ValueError(
+            f'Argument `sync` must be False, True or "switchable". Received: {sync!r}. Fix: sync=True for '
+            'synchronous steps, sync="switchable" to start async and switch later.'
+        )
+    if sync is False and replicas_to_aggregate is not None:
+        raise ValueError(
+            f"Argument `replicas_to_aggregate` ({replicas_to_aggregate!r}) needs sync=True or "
+            'sync="switchable". Fix: pass sync=True, or drop replicas_to_aggregate.'
+        )
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise ValueError(f"Argument `sync_timeout_s` must be a number of seconds > 0. Received: {timeout_s!r}.")
+
+
+def _check_replicas(sync, replicas_to_aggregate, num_workers: int) -> int:
+    if sync is False:
+        return num_workers
+    if replicas_to_aggregate is None:
+        return num_workers
+    if isinstance(replicas_to_aggregate, bool) or not isinstance(replicas_to_aggregate, int) \
+            or not 1 <= replicas_to_aggregate <= num_workers:
+        raise ValueError(
+            f"Argument `replicas_to_aggregate` must be an int from 1 to the number of workers ({num_workers}). "
+            f"Received: {replicas_to_aggregate!r}. Fix: pass e.g. replicas_to_aggregate={max(1, num_workers - 1)} "
+            "for one backup worker, or leave it None to aggregate every worker."
+        )
+    return replicas_to_aggregate
 
 
 def _check_no_local_tables() -> None:

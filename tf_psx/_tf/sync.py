@@ -1,0 +1,574 @@
+"""Synchronous parameter-server steps on TF 2.16.2, tf-keras 2.16 and TFRA 0.8.1.
+
+A sync step combines R gradients (R = `replicas_to_aggregate`), each from
+its own batch and all computed from the same parameters, and applies their
+mean once: with R workers of batch b it is one step of batch R*b. TF1's
+`SyncReplicasOptimizer` did this with a gradient accumulator on the ps and a
+token queue; here both are variables on a ps task, changed under one
+`tf.CriticalSection` (the sync lock), and no op ever blocks without a bound.
+
+The state is one float64 vector on a ps task (see the `_F_*` indices):
+whether sync is on, the step's version, the slots taken and the gradients
+arrived in this version, the late gradients dropped, the slots reassigned
+after a timeout, when the version's last slot was taken, and the batches and
+steps applied so far.
+
+* **Claim.** `strategy.run` (so `model.fit`, `steps_per_execution > 1` and a
+  custom `ClusterCoordinator` loop alike) first claims a slot of the current
+  version under the lock, and only then reads any parameter: every op of the
+  step function gets the claim as a control input. With all `num_workers`
+  slots taken, the step polls (a sleep of `POLL_S` between tries) until the
+  version moves on. A slot whose step has not arrived `timeout_s` after the
+  last claim (its worker died) is given to the waiting step, so the version
+  completes without the dead worker; a poll that lasts past three timeouts
+  fails the step with an error that names the version.
+* **Arrive.** The optimizer's apply (`_internal_apply_gradients`) adds the
+  step's gradients to accumulators beside each variable under the lock, if
+  its version is still the current one; a late gradient (its version was
+  applied without it: a backup worker's, or one whose slot was reassigned)
+  is dropped and counted. The R-th arrival applies the mean through the
+  optimizer's own apply (so exact updates, TFRA tables, slots, `iterations`
+  and learning-rate schedules behave as with one worker), clears the
+  accumulators and starts the next version.
+* **Accumulators.** A dense gradient: a variable of the same shape. A
+  sparse one (`IndexedSlices`): a variable of the same shape plus the list
+  of touched row ids, so the apply is a sparse apply of the touched rows,
+  deduplicated as the optimizer would. A TFRA table: the keys and gradient
+  rows of each arrival, summed per key at the apply; the rows the apply
+  starts from are read from the table then (a key still absent gets the
+  table's default, which differs from the row the forward pass drew when
+  the initializer is random).
+* **Flush.** `SyncController.flush` applies a partial step (fewer than R
+  arrivals) once nothing is in flight: at the end of `fit`, before a
+  snapshot and when switching mode, so every batch is applied exactly once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import tensorflow as tf
+
+from tf_psx._tf import exact_updates as _exact_updates, keras as _tf_keras, runtime as _runtime
+from tf_psx.errors import SyncStepError
+
+logger = logging.getLogger("tf_psx")
+
+# Indices into the state vector.
+_F_ENABLED, _F_VERSION, _F_TAKEN, _F_ARRIVED, _F_DROPPED, _F_REASSIGNED, _F_STARTED, _F_BATCHES, _F_STEPS = range(9)
+_STATE_SIZE = 9
+# Claim results besides a version >= 0.
+ASYNC = -1
+_WAIT = -2
+# Seconds between two tries of a step that waits for a slot.
+POLL_S = 0.002
+STATE_DEVICE = "/job:ps/replica:0/task:0/device:CPU:0"
+# How often the watchdog looks at the workers while steps are pending.
+WATCHDOG_POLL_S = 1.0
+
+_ids = itertools.count()
+_install_lock = threading.Lock()
+_INSTALLED = False
+
+
+def _sleep(seconds: float):
+    """A graph op that sleeps `seconds` where it runs (tf.data's sleep transformation)."""
+    from tensorflow.python.data.experimental.ops import testing  # pylint: disable=import-outside-toplevel
+
+    micros = max(1, int(seconds * 1e6))
+    dataset = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).apply(testing.sleep(micros))
+    return dataset.reduce(tf.constant(0, tf.int64), lambda total, item: total + item)
+
+
+def _write(state, value):
+    """Assigns `value` to `state` and returns `value` once written."""
+    with tf.control_dependencies([state.assign(value, read_value=False)]):
+        return tf.identity(value)
+
+
+def _set(vector, index: int, value):
+    return tf.tensor_scatter_nd_update(vector, [[index]], tf.reshape(tf.cast(value, vector.dtype), [1]))
+
+
+class _DenseAccumulator:
+    """Sums dense gradients of one variable."""
+
+    def __init__(self, strategy, variable):
+        self.variable = variable
+        with tf.init_scope(), strategy.extended.colocate_vars_with(variable):
+            self.sum = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
+                                   name="tf_psx_sync_sum", aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+    def add(self, gradient):
+        if isinstance(gradient, tf.IndexedSlices):
+            return self.sum.scatter_add(gradient)
+        return self.sum.assign_add(gradient, read_value=False)
+
+    def mean(self, count):
+        return self.sum.read_value() / tf.cast(count, self.sum.dtype), []
+
+    def clear(self):
+        return self.sum.assign(tf.zeros_like(self.sum), read_value=False)
+
+
+class _SparseAccumulator:
+    """Sums `IndexedSlices` gradients of one variable and marks the rows they touch.
+
+    The marks are a vector of the variable's row count (a variable of
+    unknown shape, such as a list of ids, fails TF 2.16's remote function
+    calls), so the apply reads the touched rows with one `where`.
+    """
+
+    def __init__(self, strategy, variable):
+        self.variable = variable
+        with tf.init_scope(), strategy.extended.colocate_vars_with(variable):
+            self.sum = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
+                                   name="tf_psx_sync_sum", aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self.marks = tf.Variable(tf.zeros(variable.shape[:1], tf.int32), trainable=False,
+                                     name="tf_psx_sync_marks", aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self._touched = None
+
+    def add(self, gradient):
+        if not isinstance(gradient, tf.IndexedSlices):
+            return tf.group(self.sum.assign_add(gradient, read_value=False),
+                            self.marks.assign(tf.ones_like(self.marks), read_value=False))
+        indices = tf.cast(gradient.indices, tf.int64)
+        ones = tf.ones(tf.shape(indices), tf.int32)
+        return tf.group(self.sum.scatter_add(tf.IndexedSlices(gradient.values, indices)),
+                        self.marks.scatter_max(tf.IndexedSlices(ones, indices)))
+
+    def mean(self, count):
+        touched = tf.reshape(tf.where(self.marks.read_value() > 0), [-1])
+        self._touched = touched
+        values = tf.gather(self.sum.read_value(), touched) / tf.cast(count, self.sum.dtype)
+        return tf.IndexedSlices(values, touched, tf.shape(self.sum, out_type=tf.int64)), []
+
+    def clear(self):
+        touched = self._touched
+        zeros = tf.zeros(tf.concat([tf.shape(touched), tf.shape(self.sum)[1:]], 0), self.sum.dtype)
+        return tf.group(self.sum.scatter_update(tf.IndexedSlices(zeros, touched)),
+                        self.marks.scatter_update(tf.IndexedSlices(tf.zeros(tf.shape(touched), tf.int32), touched)))
+
+
+class _TableAccumulator:
+    """Sums a TFRA table's gradient rows per key, in a hash table of its own on the sync state's ps task."""
+
+    def __init__(self, strategy, shadow, anchor):  # pylint: disable=unused-argument
+        from tf_psx._tf.tfra import tfra  # pylint: disable=import-outside-toplevel
+
+        self.variable = shadow
+        params = shadow.params
+        self._keys = None
+        with tf.init_scope():
+            self.sums = tfra().Variable(
+                key_dtype=params.key_dtype, value_dtype=params.value_dtype, dim=params.dim,
+                devices=[anchor.device], name=f"tf_psx_sync_{params.name.replace('/', '_')}", initializer=0.0,
+                trainable=False)
+
+    def add(self, gradient):
+        ids = tf.reshape(self.variable.ids.read_value(), [-1])
+        if isinstance(gradient, tf.IndexedSlices):
+            position = tf.cast(gradient.indices, tf.int32)
+            keys, values = tf.gather(ids, position), gradient.values
+        else:
+            keys, values = ids, gradient
+        keys, position = tf.unique(keys)
+        values = tf.math.unsorted_segment_sum(values, position, tf.shape(keys)[0])
+        # Under the sync lock: nothing else writes the sums in between.
+        return self.sums.upsert(keys, self.sums.lookup(keys) + values)
+
+    def mean(self, count):
+        from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=import-outside-toplevel
+
+        keys, summed = self.sums.export()
+        self._keys = keys
+        rows = tf.shape(keys)[0]
+        shadow = self.variable
+        # The optimizer's apply reads the step's keys and rows from the shadow.
+        loads = [
+            gen_resource_variable_ops.assign_variable_op(shadow.ids.handle, keys),
+            gen_resource_variable_ops.assign_variable_op(shadow.handle, shadow.params.lookup(keys)),
+        ]
+        gradient = tf.IndexedSlices(summed / tf.cast(count, summed.dtype), tf.range(rows),
+                                    tf.stack([rows, shadow.params.dim]))
+        return gradient, loads
+
+    def clear(self):
+        return self.sums.remove(self._keys)
+
+
+class _Applier:
+    """What a flush needs to apply the accumulated gradients without a step's own gradients."""
+
+    def __init__(self, optimizer, original, distribution, accumulators):
+        self.optimizer, self.original, self.distribution = optimizer, original, distribution
+        self.accumulators = accumulators
+
+    def apply(self, count):
+        """Applies the mean of `count` accumulated gradients, then clears them; returns a tensor."""
+        optimizer = self.optimizer
+        means = [accumulator.mean(count) for accumulator in self.accumulators]
+        loads = [op for _, ops in means for op in ops]
+        grads_and_vars = [(gradient, accumulator.variable) for (gradient, _), accumulator in
+                          zip(means, self.accumulators)]
+        with tf.control_dependencies(loads):
+            rate = _learning_rate_update(optimizer)
+        with tf.control_dependencies(loads + rate):
+            applied = self.original(self.distribution, grads_and_vars)
+        with tf.control_dependencies([applied]):
+            clears = [accumulator.clear() for accumulator in self.accumulators]
+        with tf.control_dependencies(clears):
+            return tf.constant(0, tf.int64)
+
+
+def _learning_rate_update(optimizer) -> list:
+    """The schedule's rate for the step about to be applied, from `iterations` (read under the lock)."""
+    schedule_class = tf.keras.optimizers.schedules.LearningRateSchedule
+    current = getattr(optimizer, "_current_learning_rate", None)
+    if current is None or not isinstance(getattr(optimizer, "_learning_rate", None), schedule_class):
+        return []
+    value = optimizer._learning_rate(optimizer.iterations)  # pylint: disable=protected-access
+    return [current.assign(tf.cast(value, current.dtype), read_value=False)]
+
+
+class SyncController:
+    """The sync state of one `tf_psx.ParameterServerStrategy` (see the module docstring).
+
+    Args:
+      strategy: the strategy; its variables are made in its scope.
+      enabled: whether steps start in sync mode.
+      replicas_to_aggregate: R, the gradients one step applies.
+      timeout_s: how long a slot may stay without its gradient.
+      worker_addresses: host:port of each worker, for the watchdog.
+    """
+
+    def __init__(self, strategy, *, enabled: bool, replicas_to_aggregate: int, timeout_s: float,
+                 worker_addresses: list[str]):
+        self.strategy = strategy
+        self.num_workers = len(worker_addresses)
+        self.replicas_to_aggregate = int(replicas_to_aggregate)
+        self.timeout_s = float(timeout_s)
+        self.worker_addresses = list(worker_addresses)
+        initial = [0.0] * _STATE_SIZE
+        initial[_F_ENABLED] = 1.0 if enabled else 0.0
+        # A plain variable on the first ps task (made outside the strategy's
+        # scope, so its partitioner never splits it).
+        with tf.init_scope(), tf.device(STATE_DEVICE):
+            self.state = tf.Variable(tf.constant(initial, tf.float64), trainable=False, name="tf_psx_sync_state")
+            self.lock = tf.CriticalSection(shared_name=f"tf_psx_sync_lock_{next(_ids)}")
+        self._claims: dict = {}
+        self._accumulators: dict = {}
+        self._applier: _Applier | None = None
+        self._flush_functions: dict = {}
+        self._watchdog = _Watchdog(self)
+
+    # --- inside a step --------------------------------------------------
+
+    def _try_claim(self):
+        s = self.state.read_value()
+        now = tf.cast(tf.timestamp(), tf.float64)
+        enabled = s[_F_ENABLED] > 0
+        free = s[_F_TAKEN] < self.num_workers
+        expired = now - s[_F_STARTED] > self.timeout_s
+        claimed = enabled & (free | expired)
+        reassigned = enabled & ~free & expired
+        new = _set(s, _F_TAKEN, s[_F_TAKEN] + tf.cast(enabled & free, tf.float64))
+        new = _set(new, _F_REASSIGNED, s[_F_REASSIGNED] + tf.cast(reassigned, tf.float64))
+        restart = claimed & (tf.equal(s[_F_TAKEN], 0) | reassigned)
+        new = _set(new, _F_STARTED, tf.where(restart, now, s[_F_STARTED]))
+        with tf.control_dependencies([self.state.assign(new, read_value=False)]):
+            version = tf.cast(s[_F_VERSION], tf.int64)
+            return tf.where(enabled, tf.where(claimed, version, tf.constant(_WAIT, tf.int64)),
+                            tf.constant(ASYNC, tf.int64))
+
+    def _locked(self, fn):
+        """`fn` under the sync lock. The release stays in TF's program-order
+        chain of stateful ops, so it runs even when nothing uses the result
+        (an unused release is pruned and the lock then excludes nothing)."""
+        return self.lock.execute(fn, exclusive_resource_access=False)
+
+    def claim(self):
+        """A slot of the current version (>= 0), or `ASYNC`; waits, bounded, while every slot is taken."""
+        max_polls = int(3 * self.timeout_s / POLL_S) + 1
+        first = self._locked(self._try_claim)
+
+        def waiting(version, polls):
+            return tf.equal(version, _WAIT) & (polls < max_polls)
+
+        def poll(version, polls):  # pylint: disable=unused-argument
+            with tf.control_dependencies([_sleep(POLL_S)]):
+                return self._locked(self._try_claim), polls + 1
+
+        version, _ = tf.while_loop(waiting, poll, [first, tf.constant(0)])
+        check = tf.debugging.assert_none_equal(
+            version, tf.constant(_WAIT, tf.int64),
+            message=(f"tf_psx sync: a step waited {3 * self.timeout_s:.0f} s for a slot of a sync step whose "
+                     "gradients never arrived, even after its slots were reassigned. Fix: check that the "
+                     "workers are alive (tf-psx doctor), or raise ParameterServerStrategy(sync_timeout_s=...)."))
+        with tf.control_dependencies([check]):
+            return tf.identity(version)
+
+    def wrap_step(self, fn):
+        """`fn` run after a claim: every op it makes waits for the claim."""
+
+        def step(*args, **kwargs):
+            version = self.claim()
+            graph = tf.compat.v1.get_default_graph()
+            # Keyed by graph, not thread: tf.distribute runs a replica's fn in
+            # its own thread and the optimizer's merge_call in the caller's.
+            stack = self._claims.setdefault(graph, [])
+            stack.append(version)
+            try:
+                with tf.control_dependencies([version]):
+                    return fn(*args, **kwargs)
+            finally:
+                stack.pop()
+                if not stack:
+                    self._claims.pop(graph, None)
+
+        return step
+
+    def current_version(self):
+        """The version claimed by the step being traced (an int64 tensor), or None outside one."""
+        graph = tf.compat.v1.get_default_graph()
+        while graph is not None:
+            stack = self._claims.get(graph)
+            if stack:
+                return stack[-1]
+            graph = getattr(graph, "outer_graph", None)
+        return None
+
+    def _accumulator(self, optimizer, gradient, variable):
+        key = (id(optimizer), optimizer._var_key(variable))  # pylint: disable=protected-access
+        accumulator = self._accumulators.get(key)
+        if accumulator is None:
+            if type(variable).__module__.startswith("tensorflow_recommenders_addons"):
+                accumulator = _TableAccumulator(self.strategy, variable, self.state)
+            elif isinstance(gradient, tf.IndexedSlices):
+                accumulator = _SparseAccumulator(self.strategy, variable)
+            else:
+                accumulator = _DenseAccumulator(self.strategy, variable)
+            self._accumulators[key] = accumulator
+        return accumulator
+
+    def apply_gradients_fn(self, optimizer, original):
+        """A `_distributed_apply_gradients_fn` that accumulates in sync mode and applies otherwise."""
+
+        def apply_gradients_fn(distribution, grads_and_vars, **kwargs):
+            version = self.current_version()
+            grads_and_vars = list(grads_and_vars)
+            if version is None:
+                return original(distribution, grads_and_vars, **kwargs)
+            accumulators = [self._accumulator(optimizer, g, v) for g, v in grads_and_vars]
+            applier = _Applier(optimizer, lambda d, gv: original(d, gv, **kwargs), distribution, accumulators)
+            self._applier = applier
+
+            def arrive():
+                s = self.state.read_value()
+                current = tf.equal(tf.cast(s[_F_VERSION], tf.int64), version)
+
+                def accept():
+                    adds = [acc.add(gradient) for acc, (gradient, _) in zip(accumulators, grads_and_vars)]
+                    with tf.control_dependencies(adds):
+                        arrived = s[_F_ARRIVED] + 1
+                        return tf.cond(arrived >= self.replicas_to_aggregate,
+                                       lambda: self._complete(s, arrived, applier),
+                                       lambda: _write(self.state, _set(s, _F_ARRIVED, arrived)))
+
+                def reject():
+                    return _write(self.state, _set(s, _F_DROPPED, s[_F_DROPPED] + 1))
+
+                new = tf.cond(current, accept, reject)
+                return tf.cast(new[_F_VERSION], tf.int64)
+
+            def synchronous():
+                return self._locked(arrive)
+
+            def asynchronous():
+                with tf.control_dependencies([original(distribution, grads_and_vars, **kwargs)]):
+                    return tf.constant(ASYNC, tf.int64)
+
+            return tf.cond(version >= 0, synchronous, asynchronous)
+
+        return apply_gradients_fn
+
+    def _complete(self, s, arrived, applier, enable=None):
+        """Applies `arrived` gradients and starts the next version; returns the new state."""
+        with tf.control_dependencies([applier.apply(arrived)]):
+            new = _set(s, _F_VERSION, s[_F_VERSION] + 1)
+            new = _set(new, _F_TAKEN, 0)
+            new = _set(new, _F_ARRIVED, 0)
+            new = _set(new, _F_STARTED, tf.cast(tf.timestamp(), tf.float64))
+            new = _set(new, _F_BATCHES, s[_F_BATCHES] + arrived)
+            new = _set(new, _F_STEPS, s[_F_STEPS] + 1)
+            if enable is not None:
+                new = _set(new, _F_ENABLED, enable)
+            return _write(self.state, new)
+
+    # --- from the coordinator ---------------------------------------------
+
+    def stats(self) -> dict:
+        """The state as numbers: enabled, version, arrived, dropped, reassigned, applied batches and steps."""
+        s = self.state.numpy()
+        return {
+            "enabled": bool(s[_F_ENABLED]),
+            "version": int(s[_F_VERSION]),
+            "pending": int(s[_F_ARRIVED]),
+            "dropped": int(s[_F_DROPPED]),
+            "reassigned": int(s[_F_REASSIGNED]),
+            "applied_batches": int(s[_F_BATCHES]),
+            "applied_steps": int(s[_F_STEPS]),
+        }
+
+    def flush(self, enable: bool | None = None) -> None:
+        """Waits for the steps in flight, applies a partial step, then sets the mode (None: unchanged).
+
+        The partial step's mean is over the gradients that arrived (fewer
+        than R), so each batch is applied once.
+        """
+        coordinator = _runtime.coordinator_of(self.strategy)
+        coordinator.join()
+        applier = self._applier
+        pending = int(self.state.numpy()[_F_ARRIVED])
+        if applier is None or pending == 0:
+            s = self.state.numpy().copy()
+            if enable is not None:
+                s[_F_ENABLED] = 1.0 if enable else 0.0
+                s[_F_TAKEN] = 0.0
+                self.state.assign(s)
+            return
+        function = self._flush_functions.get(id(applier))
+        if function is None:
+            function = self._flush_function(applier)
+            self._flush_functions = {id(applier): function}
+        flag = tf.constant(-1.0 if enable is None else float(enable), tf.float64)
+        with self.strategy.scope():
+            coordinator.schedule(function, args=(flag,))
+        coordinator.join()
+
+    def _flush_function(self, applier):
+        controller = self
+
+        def locked(flag):
+            s = controller.state.read_value()
+            enable = tf.where(flag < 0, s[_F_ENABLED], flag)
+            return tf.cond(s[_F_ARRIVED] > 0,
+                           lambda: controller._complete(s, s[_F_ARRIVED], applier, enable),  # pylint: disable=protected-access
+                           lambda: _write(controller.state, _set(_set(s, _F_ENABLED, enable), _F_TAKEN, 0)))
+
+        @tf.function
+        def flush(flag):
+            return controller._locked(lambda: locked(flag))[_F_VERSION]  # pylint: disable=protected-access
+
+        return flush
+
+    def stop(self) -> None:
+        self._watchdog.stop()
+
+
+class _Watchdog(threading.Thread):
+    """Fails `join()` when steps are pending and no worker has listened for `timeout_s`.
+
+    TF 2.16's ClusterCoordinator waits for a failed worker to come back
+    without a bound; a sync step cannot complete without workers, so the
+    wait ends with an error that names them.
+    """
+
+    def __init__(self, controller: SyncController):
+        super().__init__(name="tf_psx-sync-watchdog", daemon=True)
+        self._controller_ref = controller
+        self._stopped = threading.Event()
+        self.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def run(self) -> None:
+        from tf_psx.local import port_is_listening  # pylint: disable=import-outside-toplevel
+
+        down_since = None
+        while not self._stopped.wait(WATCHDOG_POLL_S):
+            controller = self._controller_ref
+            coordinator = getattr(controller.strategy, "_cluster_coordinator", None)
+            queue = getattr(getattr(coordinator, "_cluster", None), "closure_queue", None)
+            if queue is None or (queue._queue.empty() and queue._inflight_closure_count == 0):  # pylint: disable=protected-access
+                down_since = None
+                continue
+            alive = False
+            for address in controller.worker_addresses:
+                host, _, port = address.rpartition(":")
+                try:
+                    alive = alive or port_is_listening(int(port), host.strip("[]") or "localhost")
+                except (OSError, ValueError):
+                    pass
+            if alive:
+                down_since = None
+                continue
+            now = time.monotonic()
+            down_since = down_since or now
+            if now - down_since >= controller.timeout_s:
+                fail_queue(queue, SyncStepError(
+                    f"tf_psx sync: no worker of {controller.worker_addresses} has listened for "
+                    f"{controller.timeout_s:.0f} s, so the sync step in progress cannot complete. Fix: restart "
+                    "the workers (tf-psx launch restarts them), then call fit again; the state is as after the "
+                    "last applied sync step."))
+                down_since = None
+
+
+def fail_queue(queue, error: Exception) -> None:
+    """Makes TF 2.16's closure queue raise `error` in `join()`/`schedule()` (private fields)."""
+    with queue._queue_lock:  # pylint: disable=protected-access
+        if queue._error is None:  # pylint: disable=protected-access
+            queue._error = error  # pylint: disable=protected-access
+        while not queue._queue.empty():  # pylint: disable=protected-access
+            queue._queue.get(block=False).mark_cancelled()  # pylint: disable=protected-access
+            queue._queue_free_slot_condition.notify()  # pylint: disable=protected-access
+        queue._stop_waiting_condition.notify_all()  # pylint: disable=protected-access
+        queue._no_inflight_closure_condition.notify_all()  # pylint: disable=protected-access
+
+
+# --- hooks into tf-keras ----------------------------------------------------
+
+CONTROLLER_ATTR = "sync_controller"
+
+
+def controller_of(strategy) -> SyncController | None:
+    return getattr(strategy, CONTROLLER_ATTR, None)
+
+
+def install() -> None:
+    """Routes the tf-keras optimizer apply through the strategy's controller, and flushes at fit's end (once)."""
+    global _INSTALLED  # pylint: disable=global-statement
+    with _install_lock:
+        if _INSTALLED:
+            return
+        keras = _tf_keras.keras()
+        optimizer_class = keras.optimizers.Optimizer
+        original_internal = optimizer_class._internal_apply_gradients  # pylint: disable=protected-access
+
+        def _internal_apply_gradients(self, grads_and_vars):
+            controller = controller_of(self._distribution_strategy)  # pylint: disable=protected-access
+            if controller is None or controller.current_version() is None:
+                return original_internal(self, grads_and_vars)
+            fn = controller.apply_gradients_fn(self, self._distributed_apply_gradients_fn)  # pylint: disable=protected-access
+            return tf.__internal__.distribute.interim.maybe_merge_call(fn, self._distribution_strategy, grads_and_vars)  # pylint: disable=protected-access
+
+        _internal_apply_gradients.__wrapped__ = original_internal
+        optimizer_class._internal_apply_gradients = _internal_apply_gradients  # pylint: disable=protected-access
+
+        model_class = keras.Model
+        original_fit = model_class.fit
+
+        def fit(self, *args, **kwargs):
+            history = original_fit(self, *args, **kwargs)
+            controller = controller_of(self.distribute_strategy)
+            if controller is not None:
+                controller.flush()
+            return history
+
+        fit.__doc__ = original_fit.__doc__
+        fit.__wrapped__ = original_fit
+        model_class.fit = fit
+        _INSTALLED = True
