@@ -22,8 +22,12 @@ its row must equal S - ceil(n / c) + 1 applications of its gradient (SGD and
 Adagrad, whose update of a zero gradient is zero); a key never seen n times
 has no row, and every key's count is exactly S * c.
 
+With `--sync` the strategy runs synchronous steps: each applies the mean
+of one gradient per worker, which here equals the single gradient, so the
+same closed form holds with S = the sync steps applied.
+
 Usage: exact_updates.py --layer sharded|stock|dynamic --optimizer NAME
-       [--workers 2] [--processes] [--steps 40] [--spe 1] [--min-count 1]
+       [--workers 2] [--processes] [--steps 40] [--spe 1] [--min-count 1] [--sync]
 """
 
 from __future__ import annotations
@@ -134,13 +138,15 @@ def main(argv=None) -> int:
     parser.add_argument("--spe", type=int, default=1)
     parser.add_argument("--no-exact", action="store_true", help="TF's own update path (the baseline)")
     parser.add_argument("--min-count", type=int, default=1, help="admission of the DynamicEmbedding")
+    parser.add_argument("--sync", action="store_true", help="synchronous steps (ParameterServerStrategy(sync=True))")
     parser.add_argument("--warn-check", action="store_true",
                         help="also compile with a legacy Adam and print tf_psx's warnings")
     args = parser.parse_args(argv)
 
     ids = batch_ids()
     with tf_psx.LocalCluster(num_workers=args.workers, num_ps=args.ps, processes=args.processes) as cluster:
-        strategy = tf_psx.ParameterServerStrategy(cluster, "fixed:2", exact_updates=not args.no_exact)
+        strategy = tf_psx.ParameterServerStrategy(cluster, "fixed:2", exact_updates=not args.no_exact,
+                                                  sync=args.sync)
         for layer in args.layer:
             for optimizer in args.optimizer:
                 result = run_pair(strategy, layer, optimizer, ids, args)
@@ -196,6 +202,9 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
         expected = expected_table(optimizer, ids, steps)
         extra = {}
     move = float(np.abs(expected).sum())
+    if args.sync:
+        # Every batch has the same gradient, so a sync step (their mean) moves as one batch does.
+        extra["sync"] = strategy.sync_stats()
     return {**extra,
         "layer": layer,
         "optimizer": optimizer,
