@@ -880,7 +880,7 @@ def finish_snapshots_of(strategy) -> int:
     """Waits for the background snapshots being written under `strategy`; returns how many there were."""
     writers = [callback for callback, owner in list(_WRITING.items()) if owner is strategy]
     for callback in writers:
-        callback._finish_pending()  # pylint: disable=protected-access
+        callback._finish_pending()  # pylint: disable=protected-access  (tf_psx's own class)
     return len(writers)
 
 

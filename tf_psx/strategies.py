@@ -281,7 +281,8 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
             _sync.install()
             self.sync_controller = _sync.SyncController(
                 self, enabled=sync is True, replicas_to_aggregate=replicas_to_aggregate,
-                timeout_s=sync_timeout_s, worker_addresses=list(workers))
+                timeout_s=sync_timeout_s, worker_addresses=list(workers),
+                address_listens=_address_listens)
 
     def run(self, fn, args=(), kwargs=None, options=None):
         """As TF's `run`; in sync mode the step first claims its place in a sync step."""

@@ -242,15 +242,18 @@ class SyncController:
       replicas_to_aggregate: R, the gradients one step applies.
       timeout_s: how long a slot may stay without its gradient.
       worker_addresses: host:port of each worker, for the watchdog.
+      address_listens: a function of "host:port", True when it accepts
+        connections (the watchdog's test of a worker).
     """
 
     def __init__(self, strategy, *, enabled: bool, replicas_to_aggregate: int, timeout_s: float,
-                 worker_addresses: list[str]):
+                 worker_addresses: list[str], address_listens):
         self.strategy = strategy
         self.num_workers = len(worker_addresses)
         self.replicas_to_aggregate = int(replicas_to_aggregate)
         self.timeout_s = float(timeout_s)
         self.worker_addresses = list(worker_addresses)
+        self.address_listens = address_listens
         initial = [0.0] * _STATE_SIZE
         initial[_F_ENABLED] = 1.0 if enabled else 0.0
         # A plain variable on the first ps task (made outside the strategy's
@@ -486,8 +489,6 @@ class _Watchdog(threading.Thread):
         self._stopped.set()
 
     def run(self) -> None:
-        from tf_psx.local import port_is_listening  # pylint: disable=import-outside-toplevel
-
         down_since = None
         while not self._stopped.wait(WATCHDOG_POLL_S):
             controller = self._controller_ref
@@ -496,14 +497,7 @@ class _Watchdog(threading.Thread):
             if queue is None or (queue._queue.empty() and queue._inflight_closure_count == 0):  # pylint: disable=protected-access
                 down_since = None
                 continue
-            alive = False
-            for address in controller.worker_addresses:
-                host, _, port = address.rpartition(":")
-                try:
-                    alive = alive or port_is_listening(int(port), host.strip("[]") or "localhost")
-                except (OSError, ValueError):
-                    pass
-            if alive:
+            if any(controller.address_listens(address) for address in controller.worker_addresses):
                 down_since = None
                 continue
             now = time.monotonic()
