@@ -1,0 +1,278 @@
+"""Where asynchronous training hurts, and what sync, switching and staleness bounds buy back.
+
+Data and model as bench/convergence.py: `tf_psx.data.synthetic_ctr` with a
+planted logistic model (known Bayes AUC), the matching logistic regression,
+Adagrad. The regime: a high learning rate (`LEARNING_RATE`) and 4 workers,
+one of them (worker 0) slowed 3x: its input pipeline sleeps twice the
+measured step time before each batch. Every mode sees the same examples
+(`EPOCHS` x `STEPS` x the global batch 256):
+
+  one_worker        1 worker, batch 256 (the global batch), no straggler
+  async             4 workers x 64, async
+  async_lr/2, /4    the same at half and a quarter of the rate (the tuned async)
+  drop, scale       4 async workers with StalenessBound(1, "drop" / "scale")
+  sync_even         4 workers, sync=True, no straggler (throughput reference)
+  sync              4 workers, sync=True
+  sync_backup       4 workers, sync=True, replicas_to_aggregate=3
+  switch            4 workers, sync="switchable", SyncSwitch(patience=1): async
+                    until an epoch's loss improves by < 1 %, then sync
+
+Each mode runs in a fresh process with its own LocalCluster of task
+processes (1 ps). Holdout AUC after every epoch from the weights (numpy, on
+the coordinator). examples/s: the batches trained (for sync modes: applied)
+x batch over the wall time of epochs 2.. less evaluation; the time to a
+target AUC (the one-worker run's final AUC - 0.005) counts from the end of
+epoch 1. One seed: the switch target asks for 3, which did not fit the run.
+
+Writes bench/results/sync_regime.json and docs/img/sync_regime.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+FIELDS, VOCAB, GLOBAL_BATCH, WORKERS = 8, 1000, 256, 4
+STEPS, EPOCHS = 40, 8  # global steps per epoch: 40 x 256 x 8 = 81,920 examples per mode
+HOLDOUT = 50_000
+LEARNING_RATE = 1.0
+SEED = 0
+SLOWDOWN = 3.0
+TARGET_BELOW_ONE_WORKER = 0.005
+CHILD_TIMEOUT_S = 600
+IMAGE = os.path.join(os.path.dirname(HERE), "docs", "img", "sync_regime.png")
+
+MODES = {
+    "sync_even": {"workers": 4, "sync": True, "straggler": False, "label": "4 workers, sync, no straggler"},
+    "one_worker": {"workers": 1, "straggler": False, "label": "1 worker, batch 256"},
+    "async": {"workers": 4, "label": "4 workers, async"},
+    "async_lr2": {"workers": 4, "lr": LEARNING_RATE / 2, "label": "4 workers, async, rate / 2"},
+    "async_lr4": {"workers": 4, "lr": LEARNING_RATE / 4, "label": "4 workers, async, rate / 4"},
+    "drop": {"workers": 4, "bound": "drop", "label": 'async + StalenessBound(1, "drop")'},
+    "scale": {"workers": 4, "bound": "scale", "label": 'async + StalenessBound(1, "scale")'},
+    "sync": {"workers": 4, "sync": True, "label": "4 workers, sync"},
+    "sync_backup": {"workers": 4, "sync": True, "replicas": 3, "label": "4 workers, sync, 3 of 4 aggregated"},
+    "switch": {"workers": 4, "sync": "switchable", "label": "4 workers, async then sync (SyncSwitch)"},
+}
+
+
+def _data():
+    import tf_psx  # pylint: disable=import-outside-toplevel
+
+    data = tf_psx.data.synthetic_ctr(STEPS * EPOCHS * GLOBAL_BATCH + HOLDOUT, FIELDS, VOCAB, seed=SEED)
+    return data.split(HOLDOUT / len(data.labels))
+
+
+def child(mode: str, delay_s: float) -> None:
+    """Trains one mode; prints a JSON line with the AUC per epoch, examples/s and step time."""
+    import tf_psx  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.data.experimental.ops import testing  # pylint: disable=import-outside-toplevel
+
+    spec = MODES[mode]
+    train, holdout = _data()
+    workers = spec["workers"]
+    batch = GLOBAL_BATCH // workers
+    steps = STEPS * workers
+    straggler = spec.get("straggler", True) and delay_s > 0
+    with tf_psx.LocalCluster(num_workers=workers, num_ps=1, processes=True) as cluster:
+        kwargs = {}
+        if spec.get("sync"):
+            kwargs = {"sync": spec["sync"], "replicas_to_aggregate": spec.get("replicas")}
+        strategy = tf_psx.ParameterServerStrategy(cluster, **kwargs)
+        with strategy.scope():
+            inputs = tf.keras.Input((FIELDS,), dtype=tf.int64)
+            weights = tf.keras.layers.Embedding(train.num_rows, 1, embeddings_initializer="zeros", name="w")(inputs)
+            logit = tf.keras.layers.Dense(1, kernel_initializer="ones", name="bias")(
+                tf.keras.layers.Flatten()(weights))
+            model = tf.keras.Model(inputs, tf.keras.layers.Activation("sigmoid")(logit))
+            model.compile(tf.keras.optimizers.Adagrad(spec.get("lr", LEARNING_RATE)), "binary_crossentropy")
+
+        def dataset_fn(ctx):
+            ds = tf.data.Dataset.from_tensor_slices((train.ids, train.labels))
+            ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+            ds = ds.shuffle(20_000, seed=SEED + ctx.input_pipeline_id).repeat().batch(batch)
+            if straggler and ctx.input_pipeline_id == 0:
+                # No prefetch after the sleep: the step itself waits for it.
+                ds = ds.apply(testing.sleep(int(delay_s * 1e6)))
+                options = tf.data.Options()
+                options.experimental_optimization.inject_prefetch = False
+                ds = ds.with_options(options)
+            else:
+                ds = ds.prefetch(4)
+            return ds
+
+        coordinator = strategy.coordinator
+
+        class Evaluate(tf.keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.points, self.eval_s, self.epoch_ends = [], 0.0, []
+
+            def on_epoch_end(self, epoch, logs=None):
+                start = time.perf_counter()
+                self.epoch_ends.append(start)
+                coordinator.join()
+                table = tf.convert_to_tensor(model.get_layer("w").embeddings).numpy()[:, 0]
+                kernel = tf.convert_to_tensor(model.get_layer("bias").kernel).numpy()[:, 0]
+                bias = float(model.get_layer("bias").bias.numpy()[0])
+                scores = bias + (table[holdout.ids] * kernel).sum(axis=1)
+                auc = tf_psx.data.roc_auc(holdout.labels, scores)
+                self.points.append({"examples": (epoch + 1) * STEPS * GLOBAL_BATCH, "auc": auc,
+                                    "seconds": start - self.epoch_ends[0] - self.eval_s})
+                self.eval_s += time.perf_counter() - start
+
+        evaluate = Evaluate()
+        callbacks = []
+        switch = None
+        if "bound" in spec:
+            callbacks.append(tf_psx.callbacks.StalenessBound(1, spec["bound"]))
+        if spec.get("sync") == "switchable":
+            switch = tf_psx.callbacks.SyncSwitch(to="sync", patience=1, min_delta=0.01)
+            callbacks.append(switch)
+        callbacks.append(evaluate)
+        history = model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=EPOCHS,
+                            steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+        span = evaluate.epoch_ends[-1] - evaluate.epoch_ends[0]
+        span_eval = evaluate.eval_s * (EPOCHS - 1) / EPOCHS
+        seconds = max(span - span_eval, 1e-9)
+        trained = (EPOCHS - 1) * steps * batch
+        applied = trained
+        if spec.get("sync") is True:
+            stats = strategy.sync_stats()
+            applied = trained * stats["applied_batches"] / max(stats["applied_batches"] + stats["dropped"], 1)
+        result = {
+            "mode": mode,
+            "bayes_auc": holdout.bayes_auc,
+            "points": evaluate.points,
+            "examples_per_s": trained / seconds,
+            "applied_examples_per_s": applied / seconds,
+            # Per worker: the wall time of one worker's step (all workers busy).
+            "worker_step_s": seconds * workers / ((EPOCHS - 1) * steps),
+            "dropped": sum(history.history.get("dropped_gradients", [0])),
+            "sync": strategy.sync_stats() if spec.get("sync") else None,
+            "switched_at_step": None if switch is None else switch.switched_at_step,
+            "delay_s": delay_s if straggler else 0.0,
+        }
+    print("RESULT " + json.dumps(result), flush=True)
+    os._exit(0)  # pylint: disable=protected-access  (skip TF's slow teardown of the cluster connection)
+
+
+def _final_gap(result) -> float:
+    return result["bayes_auc"] - result["points"][-1]["auc"]
+
+
+def _time_to(result, target: float):
+    for point in result["points"][1:]:
+        if point["auc"] >= target:
+            return point["seconds"]
+    return None
+
+
+def _plot(results: dict) -> None:
+    import matplotlib  # pylint: disable=import-outside-toplevel
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+    fig, axis = plt.subplots(figsize=(7.5, 4.4))
+    for mode, result in results.items():
+        points = result["points"][1:]
+        axis.plot([p["seconds"] for p in points], [p["auc"] for p in points], marker="o", markersize=3,
+                  label=MODES[mode]["label"])
+    axis.set_xlabel("seconds since the end of epoch 1 (evaluation excluded)")
+    axis.set_ylabel("holdout AUC")
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=7)
+    axis.set_title("AUC against wall time: 4 workers, one slowed 3x, high learning rate")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(IMAGE), exist_ok=True)
+    fig.savefig(IMAGE, dpi=110)
+
+
+def _run_child(mode: str, delay_s: float) -> dict:
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode, str(delay_s)],
+                         capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        raise SystemExit(f"mode {mode} failed (rc {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main() -> None:
+    from _common import add_images, write_result  # pylint: disable=import-outside-toplevel
+
+    results: dict = {}
+    delay_s = 0.0
+    for mode in MODES:
+        start = time.perf_counter()
+        results[mode] = _run_child(mode, delay_s)
+        if mode == "sync_even":
+            # The straggler sleeps twice a worker's step: its steps take 3x as long.
+            delay_s = (SLOWDOWN - 1) * results[mode]["worker_step_s"]
+        print(f"{mode}: gap {_final_gap(results[mode]):.4f}, {results[mode]['examples_per_s']:.0f} examples/s "
+              f"({time.perf_counter() - start:.0f} s)", flush=True)
+
+    target = results["one_worker"]["points"][-1]["auc"] - TARGET_BELOW_ONE_WORKER
+    rows = []
+    for mode, result in results.items():
+        label = MODES[mode]["label"]
+        rows.append({"metric": f"{label}: AUC gap to Bayes", "value": round(_final_gap(result), 5)})
+        rows.append({"metric": f"{label}: examples/s", "value": round(result["examples_per_s"], 1)})
+        reached = _time_to(result, target)
+        rows.append({"metric": f"{label}: s to AUC {target:.4f}", "value": None if reached is None else round(reached, 1)})
+
+    def gap(mode):
+        return _final_gap(results[mode])
+
+    def rate(mode, key="examples_per_s"):
+        return results[mode][key]
+
+    async_gap = gap("async") - gap("one_worker")
+    rows.append({"metric": "async gap - 1-worker gap", "value": round(async_gap, 5), "target": ">= 0.01",
+                 "ok": async_gap >= 0.01})
+    switch_diff = gap("switch") - gap("sync")
+    switch_ratio = rate("switch") / rate("sync")
+    rows.append({"metric": "switch: gap - sync gap", "value": round(switch_diff, 5), "target": "<= 0.002",
+                 "ok": switch_diff <= 0.002})
+    rows.append({"metric": "switch: examples/s / sync", "value": round(switch_ratio, 3), "target": ">= 1.5",
+                 "ok": switch_ratio >= 1.5})
+    tuned = min(("async", "async_lr2", "async_lr4"), key=gap)
+    rows.append({"metric": "best async rate", "value": MODES[tuned]["label"]})
+    sync_gap = gap("sync")
+    for bound in ("drop", "scale"):
+        closed = (gap(tuned) - gap(bound)) / max(gap(tuned) - sync_gap, 1e-9)
+        ratio = rate(bound) / rate("async")
+        rows.append({"metric": f"{bound}: share of the (tuned async - sync) gap closed", "value": round(closed, 3),
+                     "target": ">= 0.5", "ok": closed >= 0.5})
+        rows.append({"metric": f"{bound}: examples/s / async", "value": round(ratio, 3), "target": ">= 0.9",
+                     "ok": ratio >= 0.9})
+    backup_ratio = rate("sync_backup", "applied_examples_per_s") / rate("sync_even", "applied_examples_per_s")
+    rows.append({"metric": "sync 3 of 4 with straggler: applied examples/s / sync without straggler",
+                 "value": round(backup_ratio, 3), "target": ">= 0.7", "ok": backup_ratio >= 0.7})
+    _plot(results)
+    path = write_result(
+        "sync_regime",
+        f"synthetic_ctr ({FIELDS} fields x {VOCAB} ids, planted logistic model), logistic regression, Adagrad "
+        f"{LEARNING_RATE}, global batch {GLOBAL_BATCH} (4 workers x {GLOBAL_BATCH // WORKERS}), {EPOCHS} epochs of "
+        f"{STEPS * GLOBAL_BATCH:,} examples; worker 0 sleeps {delay_s * 1000:.1f} ms per batch (3x its step) "
+        "except in the 1-worker and no-straggler runs; each mode in a fresh process with task processes (1 ps); "
+        "one seed.",
+        rows,
+        extra=results,
+    )
+    add_images(path, ["img/sync_regime.png"])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        child(sys.argv[2], float(sys.argv[3]))
+    else:
+        main()
