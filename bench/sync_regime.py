@@ -3,8 +3,8 @@
 Data and model as bench/convergence.py: `tf_psx.data.synthetic_ctr` with a
 planted logistic model (known Bayes AUC), the matching logistic regression,
 Adagrad. The regime: a high learning rate (`LEARNING_RATE`) and 4 workers,
-one of them (worker 0) slowed 3x: its input pipeline sleeps twice the
-measured step time before each batch. Every mode sees the same examples
+one of them (worker 0) slowed 3x: its task process is stopped (SIGSTOP)
+for 20 ms of every 30 ms, so it runs a third of the time. Every mode sees the same examples
 (`EPOCHS` x `STEPS` x the global batch 256):
 
   one_worker        1 worker, batch 256 (the global batch), no straggler
@@ -44,7 +44,6 @@ STEPS, EPOCHS = 40, 8  # global steps per epoch: 40 x 256 x 8 = 81,920 examples 
 HOLDOUT = 50_000
 LEARNING_RATE = 1.0
 SEED = 0
-SLOWDOWN = 3.0
 TARGET_BELOW_ONE_WORKER = 0.005
 CHILD_TIMEOUT_S = 600
 IMAGE = os.path.join(os.path.dirname(HERE), "docs", "img", "sync_regime.png")
@@ -70,18 +69,47 @@ def _data():
     return data.split(HOLDOUT / len(data.labels))
 
 
-def child(mode: str, delay_s: float) -> None:
+STOP_S, RUN_S = 0.020, 0.010
+
+
+class _Straggler:
+    """Stops a task process for STOP_S of every STOP_S + RUN_S seconds (a 3x slowdown)."""
+
+    def __init__(self, pid: int):
+        import threading  # pylint: disable=import-outside-toplevel
+
+        self.pid, self._done = pid, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import signal  # pylint: disable=import-outside-toplevel
+
+        while not self._done.is_set():
+            os.kill(self.pid, signal.SIGSTOP)
+            time.sleep(STOP_S)
+            os.kill(self.pid, signal.SIGCONT)
+            time.sleep(RUN_S)
+
+    def stop(self) -> None:
+        import signal  # pylint: disable=import-outside-toplevel
+
+        self._done.set()
+        self._thread.join()
+        os.kill(self.pid, signal.SIGCONT)
+
+
+def child(mode: str) -> None:
     """Trains one mode; prints a JSON line with the AUC per epoch, examples/s and step time."""
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tensorflow.python.data.experimental.ops import testing  # pylint: disable=import-outside-toplevel
 
     spec = MODES[mode]
     train, holdout = _data()
     workers = spec["workers"]
     batch = GLOBAL_BATCH // workers
     steps = STEPS * workers
-    straggler = spec.get("straggler", True) and delay_s > 0
+    straggler = spec.get("straggler", True)
     with tf_psx.LocalCluster(num_workers=workers, num_ps=1, processes=True) as cluster:
         kwargs = {}
         if spec.get("sync"):
@@ -98,16 +126,7 @@ def child(mode: str, delay_s: float) -> None:
         def dataset_fn(ctx):
             ds = tf.data.Dataset.from_tensor_slices((train.ids, train.labels))
             ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-            ds = ds.shuffle(20_000, seed=SEED + ctx.input_pipeline_id).repeat().batch(batch)
-            if straggler and ctx.input_pipeline_id == 0:
-                # No prefetch after the sleep: the step itself waits for it.
-                ds = ds.apply(testing.sleep(int(delay_s * 1e6)))
-                options = tf.data.Options()
-                options.experimental_optimization.inject_prefetch = False
-                ds = ds.with_options(options)
-            else:
-                ds = ds.prefetch(4)
-            return ds
+            return ds.shuffle(20_000, seed=SEED + ctx.input_pipeline_id).repeat().batch(batch).prefetch(4)
 
         coordinator = strategy.coordinator
 
@@ -138,8 +157,13 @@ def child(mode: str, delay_s: float) -> None:
             switch = tf_psx.callbacks.SyncSwitch(to="sync", patience=1, min_delta=0.01)
             callbacks.append(switch)
         callbacks.append(evaluate)
-        history = model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=EPOCHS,
-                            steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+        slow = _Straggler(cluster.pid("worker", 0)) if straggler else None
+        try:
+            history = model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=EPOCHS,
+                                steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+        finally:
+            if slow is not None:
+                slow.stop()
         span = evaluate.epoch_ends[-1] - evaluate.epoch_ends[0]
         span_eval = evaluate.eval_s * (EPOCHS - 1) / EPOCHS
         seconds = max(span - span_eval, 1e-9)
@@ -159,7 +183,7 @@ def child(mode: str, delay_s: float) -> None:
             "dropped": sum(history.history.get("dropped_gradients", [0])),
             "sync": strategy.sync_stats() if spec.get("sync") else None,
             "switched_at_step": None if switch is None else switch.switched_at_step,
-            "delay_s": delay_s if straggler else 0.0,
+            "straggler": straggler,
         }
     print("RESULT " + json.dumps(result), flush=True)
     os._exit(0)  # pylint: disable=protected-access  (skip TF's slow teardown of the cluster connection)
@@ -197,8 +221,8 @@ def _plot(results: dict) -> None:
     fig.savefig(IMAGE, dpi=110)
 
 
-def _run_child(mode: str, delay_s: float) -> dict:
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode, str(delay_s)],
+def _run_child(mode: str) -> dict:
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode],
                          capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     if not lines:
@@ -210,13 +234,9 @@ def main() -> None:
     from _common import add_images, write_result  # pylint: disable=import-outside-toplevel
 
     results: dict = {}
-    delay_s = 0.0
     for mode in MODES:
         start = time.perf_counter()
-        results[mode] = _run_child(mode, delay_s)
-        if mode == "sync_even":
-            # The straggler sleeps twice a worker's step: its steps take 3x as long.
-            delay_s = (SLOWDOWN - 1) * results[mode]["worker_step_s"]
+        results[mode] = _run_child(mode)
         print(f"{mode}: gap {_final_gap(results[mode]):.4f}, {results[mode]['examples_per_s']:.0f} examples/s "
               f"({time.perf_counter() - start:.0f} s)", flush=True)
 
@@ -262,7 +282,8 @@ def main() -> None:
         "sync_regime",
         f"synthetic_ctr ({FIELDS} fields x {VOCAB} ids, planted logistic model), logistic regression, Adagrad "
         f"{LEARNING_RATE}, global batch {GLOBAL_BATCH} (4 workers x {GLOBAL_BATCH // WORKERS}), {EPOCHS} epochs of "
-        f"{STEPS * GLOBAL_BATCH:,} examples; worker 0 sleeps {delay_s * 1000:.1f} ms per batch (3x its step) "
+        f"{STEPS * GLOBAL_BATCH:,} examples; worker 0's process is stopped {STOP_S * 1000:.0f} ms of every "
+        f"{(STOP_S + RUN_S) * 1000:.0f} ms (3x slower) "
         "except in the 1-worker and no-straggler runs; each mode in a fresh process with task processes (1 ps); "
         "one seed.",
         rows,
@@ -272,7 +293,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        child(sys.argv[2], float(sys.argv[3]))
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        child(sys.argv[2])
     else:
         main()

@@ -141,6 +141,19 @@ def test_sync_switch_changes_mode_inside_one_fit(local_cluster):
     assert back.switched_at_epoch == 1 and not strategy.sync_stats()["enabled"]
 
 
+def test_switching_while_a_snapshot_is_written_waits_for_it(local_cluster, tmp_path):
+    strategy = tf_psx.ParameterServerStrategy(local_cluster, sync="switchable")
+    model = _model(strategy)
+    snapshots = tf_psx.callbacks.PeriodicSync(4, str(tmp_path), background=True)
+    switch = tf_psx.callbacks.SyncSwitch(to="sync", at_step=4)
+    model.fit(_data(), epochs=1, steps_per_epoch=8, callbacks=[snapshots, switch], verbose=0)
+    # The snapshot of step 4 was being written in the background when the switch came.
+    assert switch.snapshots_waited == 1 and switch.switched_at_step == 4
+    steps = sorted(snapshot.step for snapshot in tf_psx.snapshots.SnapshotStore(str(tmp_path), 5).snapshots())
+    assert steps == [4, 8], steps
+    assert strategy.sync_stats()["applied_steps"] == 4
+
+
 def test_sync_arguments_are_checked(local_cluster):
     with pytest.raises(ValueError, match=r"`replicas_to_aggregate` must be an int from 1 to the number of workers \(1\)"):
         tf_psx.ParameterServerStrategy(local_cluster, sync=True, replicas_to_aggregate=2)

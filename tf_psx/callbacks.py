@@ -923,6 +923,8 @@ class SyncSwitch(_RunCallback):
       switched_at_step: the training step of this fit after which the mode
         changed, or None.
       switched_at_epoch: the epoch in which it changed, or None.
+      snapshots_waited: background `PeriodicSync` snapshots the switch
+        waited for.
 
     Raises:
       ValueError: bad arguments, or neither `at_step` nor `patience` given.
@@ -951,6 +953,7 @@ class SyncSwitch(_RunCallback):
         self.patience, self.min_delta = patience, float(min_delta)
         self.switched_at_step: int | None = None
         self.switched_at_epoch: int | None = None
+        self.snapshots_waited = 0
         self._steps = 0
         self._epoch = 0
         self._best: float | None = None
@@ -994,7 +997,7 @@ class SyncSwitch(_RunCallback):
         if self.switched_at_step is not None:
             return
         strategy = self.model.distribute_strategy
-        finish_snapshots_of(strategy)
+        self.snapshots_waited += finish_snapshots_of(strategy)
         strategy.set_sync(self.to == "sync")
         self.switched_at_step, self.switched_at_epoch = self._steps, self._epoch
         logger.info("SyncSwitch: %s from step %d (epoch %d)", self.to, self._steps, self._epoch)
