@@ -124,9 +124,11 @@ def child(mode: str) -> None:
             model.compile(tf.keras.optimizers.Adagrad(spec.get("lr", LEARNING_RATE)), "binary_crossentropy")
 
         def dataset_fn(ctx):
+            # TF's ParameterServerStrategy gives every worker input_pipeline_id 0
+            # of 1 pipeline, so a seeded shuffle would give all workers the same
+            # batches: each worker shuffles the whole set with its own random seed.
             ds = tf.data.Dataset.from_tensor_slices((train.ids, train.labels))
-            ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-            return ds.shuffle(20_000, seed=SEED + ctx.input_pipeline_id).repeat().batch(batch).prefetch(4)
+            return ds.shuffle(20_000).repeat().batch(batch).prefetch(4)
 
         coordinator = strategy.coordinator
 
