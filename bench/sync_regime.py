@@ -73,29 +73,24 @@ STOP_S, RUN_S = 0.020, 0.010
 
 
 class _Straggler:
-    """Stops a task process for STOP_S of every STOP_S + RUN_S seconds (a 3x slowdown)."""
+    """Stops a task process for STOP_S of every STOP_S + RUN_S seconds (a 3x slowdown).
+
+    The stop/continue loop is a process of its own: a thread of the
+    coordinator could wait for the GIL while a TF call waits for the stopped
+    worker, and never send the SIGCONT.
+    """
 
     def __init__(self, pid: int):
-        import threading  # pylint: disable=import-outside-toplevel
-
-        self.pid, self._done = pid, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        import signal  # pylint: disable=import-outside-toplevel
-
-        while not self._done.is_set():
-            os.kill(self.pid, signal.SIGSTOP)
-            time.sleep(STOP_S)
-            os.kill(self.pid, signal.SIGCONT)
-            time.sleep(RUN_S)
+        self.pid = pid
+        loop = (f"import os, signal, time\nwhile True:\n    os.kill({pid}, signal.SIGSTOP); time.sleep({STOP_S})\n"
+                f"    os.kill({pid}, signal.SIGCONT); time.sleep({RUN_S})\n")
+        self._process = subprocess.Popen([sys.executable, "-c", loop])
 
     def stop(self) -> None:
         import signal  # pylint: disable=import-outside-toplevel
 
-        self._done.set()
-        self._thread.join()
+        self._process.kill()
+        self._process.wait()
         os.kill(self.pid, signal.SIGCONT)
 
 
