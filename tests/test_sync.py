@@ -154,6 +154,27 @@ def test_switching_while_a_snapshot_is_written_waits_for_it(local_cluster, tmp_p
     assert strategy.sync_stats()["applied_steps"] == 4
 
 
+def test_a_snapshot_taken_in_sync_mode_resumes_in_async_mode(local_cluster, tmp_path):
+    sync_strategy = tf_psx.ParameterServerStrategy(local_cluster, sync=True)
+    model = _model(sync_strategy)
+    model.fit(_data(), epochs=1, steps_per_epoch=8, verbose=0,
+              callbacks=[tf_psx.callbacks.PeriodicSync(4, str(tmp_path))])
+    saved = [np.array(w) for w in model.get_weights()]
+    assert sync_strategy.sync_stats()["applied_steps"] == 8
+
+    async_strategy = tf_psx.ParameterServerStrategy(local_cluster)
+    resumed = _model(async_strategy)
+    # The snapshot of step 8 ends epoch 0: nothing is left to train in it.
+    resumed.fit(_data(), epochs=1, steps_per_epoch=8, verbose=0,
+                callbacks=[tf_psx.callbacks.PeriodicSync(4, str(tmp_path))])
+    for before, after in zip(saved, resumed.get_weights()):
+        np.testing.assert_array_equal(before, after)
+    assert int(resumed.optimizer.iterations.numpy()) == 8
+    resumed.fit(_data(), epochs=2, steps_per_epoch=8, verbose=0,
+                callbacks=[tf_psx.callbacks.PeriodicSync(4, str(tmp_path))])
+    assert int(resumed.optimizer.iterations.numpy()) == 16
+
+
 def test_sync_arguments_are_checked(local_cluster):
     with pytest.raises(ValueError, match=r"`replicas_to_aggregate` must be an int from 1 to the number of workers \(1\)"):
         tf_psx.ParameterServerStrategy(local_cluster, sync=True, replicas_to_aggregate=2)
