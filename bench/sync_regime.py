@@ -2,7 +2,9 @@
 
 Data and model as bench/convergence.py: `tf_psx.data.synthetic_ctr` with a
 planted logistic model (known Bayes AUC), the matching logistic regression,
-Adagrad. The regime: a high learning rate (`LEARNING_RATE`) and 4 workers,
+Adagrad. The training pool holds 4x the examples a run consumes, and every
+worker shuffles the whole pool with its own seed, so 1 and 4 workers both
+train on nearly distinct examples. The regime: a high learning rate (`LEARNING_RATE`) and 4 workers,
 one of them (worker 0) slowed 3x: its task process is stopped (SIGSTOP)
 for 20 ms of every 30 ms, so it runs a third of the time. Every mode sees the same examples
 (`EPOCHS` x `STEPS` x the global batch 256):
@@ -43,6 +45,10 @@ sys.path.insert(0, HERE)
 FIELDS, VOCAB, GLOBAL_BATCH, WORKERS = 8, 1000, 256, 4
 STEPS, EPOCHS = 40, 8  # global steps per epoch: 40 x 256 x 8 = 81,920 examples per mode
 HOLDOUT = 50_000
+# The training pool is POOL x the examples a run consumes, and each worker
+# shuffles all of it with its own seed: a run's examples are nearly all
+# distinct whether 1 or 4 workers draw them.
+POOL = 4
 LEARNING_RATE = 1.0
 SEEDS = (0, 1, 2)
 # The modes of the targets that ask for a mean of 3 seeds; the others run seed 0 only.
@@ -68,7 +74,7 @@ MODES = {
 def _data(seed: int):
     import tf_psx  # pylint: disable=import-outside-toplevel
 
-    data = tf_psx.data.synthetic_ctr(STEPS * EPOCHS * GLOBAL_BATCH + HOLDOUT, FIELDS, VOCAB, seed=seed)
+    data = tf_psx.data.synthetic_ctr(POOL * STEPS * EPOCHS * GLOBAL_BATCH + HOLDOUT, FIELDS, VOCAB, seed=seed)
     return data.split(HOLDOUT / len(data.labels))
 
 
@@ -124,9 +130,9 @@ def child(mode: str, seed: int) -> None:
         def dataset_fn(ctx):
             # TF's ParameterServerStrategy gives every worker input_pipeline_id 0
             # of 1 pipeline, so a seeded shuffle would give all workers the same
-            # batches: each worker shuffles the whole set with its own random seed.
+            # batches: each worker shuffles the whole pool with its own random seed.
             ds = tf.data.Dataset.from_tensor_slices((train.ids, train.labels))
-            return ds.shuffle(20_000).repeat().batch(batch).prefetch(4)
+            return ds.shuffle(len(train.labels)).repeat().batch(batch).prefetch(4)
 
         coordinator = strategy.coordinator
 
