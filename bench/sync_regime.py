@@ -49,7 +49,7 @@ HOLDOUT = 50_000
 # shuffles all of it with its own seed: a run's examples are nearly all
 # distinct whether 1 or 4 workers draw them.
 POOL = 4
-LEARNING_RATE = 1.0
+LEARNING_RATE = 4.0
 SEEDS = (0, 1, 2)
 # The modes of the targets that ask for a mean of 3 seeds; the others run seed 0 only.
 SEEDED_MODES = ("one_worker", "async", "sync", "switch")
