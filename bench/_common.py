@@ -101,3 +101,61 @@ def time_fit(model, dataset_fn, warmup_steps: int, timed_steps: int, callbacks=N
     start = time.perf_counter()
     model.fit(data, epochs=1, steps_per_epoch=timed_steps, verbose=0, callbacks=callbacks)
     return (time.perf_counter() - start) * 1000 / timed_steps
+
+
+def logistic_model(num_rows: int, fields: int, learning_rate: float):
+    """The planted model's logistic regression, built in the current strategy's scope.
+
+    An Embedding "w" of width 1 over every id, summed by a Dense "bias" whose
+    kernel starts at ones (a per-field scale; the planted model has all
+    scales 1), then a sigmoid; Adagrad and log loss.
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    inputs = tf.keras.Input((fields,), dtype=tf.int64)
+    weights = tf.keras.layers.Embedding(num_rows, 1, embeddings_initializer="zeros", name="w")(inputs)
+    logit = tf.keras.layers.Dense(1, kernel_initializer="ones", name="bias")(tf.keras.layers.Flatten()(weights))
+    model = tf.keras.Model(inputs, tf.keras.layers.Activation("sigmoid")(logit))
+    model.compile(tf.keras.optimizers.Adagrad(learning_rate), "binary_crossentropy")
+    return model
+
+
+def holdout_auc(model, coordinator, holdout, examples_per_epoch: int):
+    """A callback that, after every epoch, joins the steps and scores `holdout` with `logistic_model`'s weights.
+
+    Scoring runs on the coordinator in numpy, so it does not touch the
+    workers. `points` holds {"examples", "auc", "seconds"} per epoch
+    (seconds since the end of epoch 1, evaluation excluded);
+    `training_seconds()` is the wall time of epochs 2.. less evaluation.
+    """
+    import time  # pylint: disable=import-outside-toplevel
+
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from tf_psx.data import roc_auc  # pylint: disable=import-outside-toplevel
+
+    class HoldoutAUC(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.points, self.eval_s, self.epoch_ends = [], 0.0, []
+
+        def on_epoch_end(self, epoch, logs=None):
+            start = time.perf_counter()
+            self.epoch_ends.append(start)
+            coordinator.join()
+            table = tf.convert_to_tensor(model.get_layer("w").embeddings).numpy()[:, 0]
+            kernel = tf.convert_to_tensor(model.get_layer("bias").kernel).numpy()[:, 0]
+            bias = float(model.get_layer("bias").bias.numpy()[0])
+            scores = bias + (table[holdout.ids] * kernel).sum(axis=1)
+            self.points.append({"examples": (epoch + 1) * examples_per_epoch, "auc": roc_auc(holdout.labels, scores),
+                                "seconds": start - self.epoch_ends[0] - self.eval_s})
+            self.eval_s += time.perf_counter() - start
+
+        def training_seconds(self) -> float:
+            # Between the end of epoch 1 and the end of the last, less the
+            # evaluations made in that span.
+            epochs = len(self.epoch_ends)
+            span = self.epoch_ends[-1] - self.epoch_ends[0]
+            return max(span - self.eval_s * (epochs - 1) / epochs, 1e-9)
+
+    return HoldoutAUC()

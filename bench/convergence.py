@@ -64,10 +64,10 @@ def _data():
 
 def child(mode: str) -> None:
     """Trains one mode; prints a JSON line with the AUC per epoch and examples/s."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
-
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from _common import holdout_auc, logistic_model  # pylint: disable=import-outside-toplevel
 
     spec = MODES[mode]
     train, holdout = _data()
@@ -75,41 +75,14 @@ def child(mode: str) -> None:
     with tf_psx.LocalCluster(num_workers=workers, num_ps=1, processes=True) as cluster:
         strategy = tf_psx.ParameterServerStrategy(cluster)
         with strategy.scope():
-            inputs = tf.keras.Input((FIELDS,), dtype=tf.int64)
-            weights = tf.keras.layers.Embedding(train.num_rows, 1, embeddings_initializer="zeros", name="w")(inputs)
-            # sum over fields + bias: a Dense(1) whose kernel starts at ones
-            # (a per-field scale; the planted model has all scales 1).
-            logit = tf.keras.layers.Dense(1, kernel_initializer="ones", name="bias")(
-                tf.keras.layers.Flatten()(weights))
-            model = tf.keras.Model(inputs, tf.keras.layers.Activation("sigmoid")(logit))
-            model.compile(tf.keras.optimizers.Adagrad(LEARNING_RATE), "binary_crossentropy")
+            model = logistic_model(train.num_rows, FIELDS, LEARNING_RATE)
 
         def dataset_fn(ctx):
             ds = tf.data.Dataset.from_tensor_slices((train.ids, train.labels))
             ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
             return ds.shuffle(20_000, seed=SEED + ctx.input_pipeline_id).repeat().batch(BATCH).prefetch(4)
 
-        coordinator = strategy.coordinator
-
-        class Evaluate(tf.keras.callbacks.Callback):
-            def __init__(self):
-                super().__init__()
-                self.points, self.eval_s, self.epoch_ends = [], 0.0, []
-
-            def on_epoch_end(self, epoch, logs=None):
-                start = time.perf_counter()
-                self.epoch_ends.append(start)
-                coordinator.join()
-                table = model.get_layer("w").embeddings
-                table = tf.convert_to_tensor(table).numpy()[:, 0]
-                kernel = tf.convert_to_tensor(model.get_layer("bias").kernel).numpy()[:, 0]
-                bias = float(model.get_layer("bias").bias.numpy()[0])
-                scores = bias + (table[holdout.ids] * kernel).sum(axis=1)
-                auc = tf_psx.data.roc_auc(holdout.labels, scores)
-                self.points.append({"examples": (epoch + 1) * STEPS_PER_EPOCH * BATCH, "auc": auc})
-                self.eval_s += time.perf_counter() - start
-
-        evaluate = Evaluate()
+        evaluate = holdout_auc(model, strategy.coordinator, holdout, STEPS_PER_EPOCH * BATCH)
         callbacks = []
         if "bound" in spec:
             callbacks.append(tf_psx.callbacks.StalenessBound(1, spec["bound"]))
@@ -118,11 +91,7 @@ def child(mode: str) -> None:
         callbacks.append(evaluate)
         history = model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=EPOCHS,
                             steps_per_epoch=STEPS_PER_EPOCH, callbacks=callbacks, verbose=0)
-        # Epochs 2..EPOCHS: wall time between the end of epoch 1 and the end
-        # of the last, less the evaluations made in that span.
-        span = evaluate.epoch_ends[-1] - evaluate.epoch_ends[0]
-        span_eval = evaluate.eval_s * (EPOCHS - 1) / EPOCHS
-        rate = (EPOCHS - 1) * STEPS_PER_EPOCH * BATCH / max(span - span_eval, 1e-9)
+        rate = (EPOCHS - 1) * STEPS_PER_EPOCH * BATCH / evaluate.training_seconds()
         result = {
             "mode": mode,
             "bayes_auc": holdout.bayes_auc,

@@ -103,11 +103,14 @@ class _Straggler:
         os.kill(self.pid, signal.SIGCONT)
 
 
-def child(mode: str, seed: int) -> None:
+def child(mode: str, seed: str) -> None:
     """Trains one mode; prints a JSON line with the AUC per epoch, examples/s and step time."""
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
+    from _common import holdout_auc, logistic_model  # pylint: disable=import-outside-toplevel
+
+    seed = int(seed)
     spec = MODES[mode]
     train, holdout = _data(seed)
     workers = spec["workers"]
@@ -120,12 +123,7 @@ def child(mode: str, seed: int) -> None:
             kwargs = {"sync": spec["sync"], "replicas_to_aggregate": spec.get("replicas")}
         strategy = tf_psx.ParameterServerStrategy(cluster, **kwargs)
         with strategy.scope():
-            inputs = tf.keras.Input((FIELDS,), dtype=tf.int64)
-            weights = tf.keras.layers.Embedding(train.num_rows, 1, embeddings_initializer="zeros", name="w")(inputs)
-            logit = tf.keras.layers.Dense(1, kernel_initializer="ones", name="bias")(
-                tf.keras.layers.Flatten()(weights))
-            model = tf.keras.Model(inputs, tf.keras.layers.Activation("sigmoid")(logit))
-            model.compile(tf.keras.optimizers.Adagrad(spec.get("lr", LEARNING_RATE)), "binary_crossentropy")
+            model = logistic_model(train.num_rows, FIELDS, spec.get("lr", LEARNING_RATE))
 
         def dataset_fn(ctx):
             # TF's ParameterServerStrategy gives every worker input_pipeline_id 0
@@ -134,27 +132,7 @@ def child(mode: str, seed: int) -> None:
             ds = tf.data.Dataset.from_tensor_slices((train.ids, train.labels))
             return ds.shuffle(len(train.labels)).repeat().batch(batch).prefetch(4)
 
-        coordinator = strategy.coordinator
-
-        class Evaluate(tf.keras.callbacks.Callback):
-            def __init__(self):
-                super().__init__()
-                self.points, self.eval_s, self.epoch_ends = [], 0.0, []
-
-            def on_epoch_end(self, epoch, logs=None):
-                start = time.perf_counter()
-                self.epoch_ends.append(start)
-                coordinator.join()
-                table = tf.convert_to_tensor(model.get_layer("w").embeddings).numpy()[:, 0]
-                kernel = tf.convert_to_tensor(model.get_layer("bias").kernel).numpy()[:, 0]
-                bias = float(model.get_layer("bias").bias.numpy()[0])
-                scores = bias + (table[holdout.ids] * kernel).sum(axis=1)
-                auc = tf_psx.data.roc_auc(holdout.labels, scores)
-                self.points.append({"examples": (epoch + 1) * STEPS * GLOBAL_BATCH, "auc": auc,
-                                    "seconds": start - self.epoch_ends[0] - self.eval_s})
-                self.eval_s += time.perf_counter() - start
-
-        evaluate = Evaluate()
+        evaluate = holdout_auc(model, strategy.coordinator, holdout, STEPS * GLOBAL_BATCH)
         callbacks = []
         switch = None
         if "bound" in spec:
@@ -170,9 +148,7 @@ def child(mode: str, seed: int) -> None:
         finally:
             if slow is not None:
                 slow.stop()
-        span = evaluate.epoch_ends[-1] - evaluate.epoch_ends[0]
-        span_eval = evaluate.eval_s * (EPOCHS - 1) / EPOCHS
-        seconds = max(span - span_eval, 1e-9)
+        seconds = evaluate.training_seconds()
         trained = (EPOCHS - 1) * steps * batch
         applied = trained
         if spec.get("sync") is True:
@@ -192,7 +168,7 @@ def child(mode: str, seed: int) -> None:
             "switched_at_step": None if switch is None else switch.switched_at_step,
             "straggler": straggler,
         }
-    print("RESULT " + json.dumps(result), flush=True)
+    print(json.dumps(result), flush=True)
     os._exit(0)  # pylint: disable=protected-access  (skip TF's slow teardown of the cluster connection)
 
 
@@ -226,15 +202,6 @@ def _plot(results: dict) -> None:
     fig.tight_layout()
     os.makedirs(os.path.dirname(IMAGE), exist_ok=True)
     fig.savefig(IMAGE, dpi=110)
-
-
-def _run_child(mode: str, seed: int) -> dict:
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode, str(seed)],
-                         capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    if not lines:
-        raise SystemExit(f"mode {mode} failed (rc {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
 
 
 def _rows(results: dict) -> list:
@@ -302,14 +269,14 @@ def _rows(results: dict) -> list:
 
 
 def main() -> None:
-    from _common import add_images, write_result  # pylint: disable=import-outside-toplevel
+    from _common import add_images, run_child, write_result  # pylint: disable=import-outside-toplevel
 
     results: dict = {}
     runs = [(mode, 0) for mode in MODES] + [(mode, seed) for seed in SEEDS[1:] for mode in SEEDED_MODES]
     for mode, seed in runs:
         start = time.perf_counter()
         key = mode if seed == 0 else f"{mode}@{seed}"
-        results[key] = _run_child(mode, seed)
+        results[key] = run_child(__file__, mode, str(seed), timeout=CHILD_TIMEOUT_S)
         print(f"{key}: gap {_final_gap(results[key]):.4f}, {results[key]['examples_per_s']:.0f} examples/s "
               f"({time.perf_counter() - start:.0f} s)", flush=True)
 
@@ -331,7 +298,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        child(sys.argv[2], int(sys.argv[3]))
+        child(sys.argv[2], sys.argv[3])
     elif sys.argv[1:] == ["--rows"]:
         # Rebuilds the table of bench/results/sync_regime.json from its raw results (no new run).
         from _common import RESULTS_DIR as RESULTS  # pylint: disable=import-outside-toplevel
@@ -342,5 +309,6 @@ if __name__ == "__main__":
         saved["rows"] = _rows(saved["raw"])
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(saved, handle, indent=2)
+            handle.write("\n")
     else:
         main()

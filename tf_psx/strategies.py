@@ -54,7 +54,6 @@ CONNECT_TIMEOUT_S = 60.0
 CONNECT_POLL_S = 0.5
 # How long a sync step waits for a slot's gradient before reassigning it.
 SYNC_TIMEOUT_S = 60.0
-SYNC_MODES = (False, True, "switchable")
 
 
 def _address_listens(address: str) -> bool:
@@ -350,7 +349,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
 
 
 def _check_sync_arguments(sync, replicas_to_aggregate, timeout_s) -> None:
-    if not any(sync is mode for mode in SYNC_MODES[:2]) and sync != "switchable":
+    if not (sync is True or sync is False or sync == "switchable"):
         raise ValueError(
             f'Argument `sync` must be False, True or "switchable". Received: {sync!r}. Fix: sync=True for '
             'synchronous steps, sync="switchable" to start async and switch later.'

@@ -31,13 +31,13 @@ steps applied so far.
   and learning-rate schedules behave as with one worker), clears the
   accumulators and starts the next version.
 * **Accumulators.** A dense gradient: a variable of the same shape. A
-  sparse one (`IndexedSlices`): a variable of the same shape plus the list
-  of touched row ids, so the apply is a sparse apply of the touched rows,
-  deduplicated as the optimizer would. A TFRA table: the keys and gradient
-  rows of each arrival, summed per key at the apply; the rows the apply
-  starts from are read from the table then (a key still absent gets the
-  table's default, which differs from the row the forward pass drew when
-  the initializer is random).
+  sparse one (`IndexedSlices`): a variable of the same shape plus a mark
+  per row, so the apply is a sparse apply of the touched rows, deduplicated
+  as the optimizer would. A TFRA table: a hash table of gradient sums per
+  key on the sync state's ps task; the rows the apply starts from are read
+  from the table then (a key still absent gets the table's default, which
+  differs from the row the forward pass drew when the initializer is
+  random).
 * **Flush.** `SyncController.flush` applies a partial step (fewer than R
   arrivals) once nothing is in flight: at the end of `fit`, before a
   snapshot and when switching mode, so every batch is applied exactly once.
@@ -49,6 +49,8 @@ import itertools
 import logging
 import threading
 import time
+import weakref
+
 import tensorflow as tf
 
 from tf_psx._tf import exact_updates as _exact_updates, keras as _tf_keras, runtime as _runtime
@@ -155,7 +157,7 @@ class _SparseAccumulator:
 class _TableAccumulator:
     """Sums a TFRA table's gradient rows per key, in a hash table of its own on the sync state's ps task."""
 
-    def __init__(self, strategy, shadow, anchor):  # pylint: disable=unused-argument
+    def __init__(self, shadow, anchor):
         from tf_psx._tf.tfra import tfra  # pylint: disable=import-outside-toplevel
 
         self.variable = shadow
@@ -205,6 +207,8 @@ class _Applier:
     def __init__(self, optimizer, original, distribution, accumulators):
         self.optimizer, self.original, self.distribution = optimizer, original, distribution
         self.accumulators = accumulators
+        # The traced flush of these accumulators (SyncController.flush), made on first use.
+        self.flush_function = None
 
     def apply(self, count):
         """Applies the mean of `count` accumulated gradients, then clears them; returns a tensor."""
@@ -264,8 +268,7 @@ class SyncController:
         self._claims: dict = {}
         self._accumulators: dict = {}
         self._applier: _Applier | None = None
-        self._flush_functions: dict = {}
-        self._watchdog = _Watchdog(self)
+        _Watchdog(self)
 
     # --- inside a step --------------------------------------------------
 
@@ -347,8 +350,8 @@ class SyncController:
         key = (id(optimizer), optimizer._var_key(variable))  # pylint: disable=protected-access
         accumulator = self._accumulators.get(key)
         if accumulator is None:
-            if type(variable).__module__.startswith("tensorflow_recommenders_addons"):
-                accumulator = _TableAccumulator(self.strategy, variable, self.state)
+            if _exact_updates._is_tfra_shadow(variable):  # pylint: disable=protected-access
+                accumulator = _TableAccumulator(variable, self.state)
             elif isinstance(gradient, tf.IndexedSlices):
                 accumulator = _SparseAccumulator(self.strategy, variable)
             else:
@@ -357,13 +360,15 @@ class SyncController:
         return accumulator
 
     def apply_gradients_fn(self, optimizer, original):
-        """A `_distributed_apply_gradients_fn` that accumulates in sync mode and applies otherwise."""
+        """A `_distributed_apply_gradients_fn` for a step traced after its claim (`wrap_step`).
+
+        It accumulates when the claim is a version (sync) and applies
+        through `original` when it is `ASYNC`.
+        """
 
         def apply_gradients_fn(distribution, grads_and_vars, **kwargs):
             version = self.current_version()
             grads_and_vars = list(grads_and_vars)
-            if version is None:
-                return original(distribution, grads_and_vars, **kwargs)
             accumulators = [self._accumulator(optimizer, g, v) for g, v in grads_and_vars]
             applier = _Applier(optimizer, lambda d, gv: original(d, gv, **kwargs), distribution, accumulators)
             self._applier = applier
@@ -434,18 +439,16 @@ class SyncController:
         coordinator = _runtime.coordinator_of(self.strategy)
         coordinator.join()
         applier = self._applier
-        pending = int(self.state.numpy()[_F_ARRIVED])
-        if applier is None or pending == 0:
-            s = self.state.numpy().copy()
+        s = self.state.numpy().copy()
+        if applier is None or s[_F_ARRIVED] == 0:
             if enable is not None:
                 s[_F_ENABLED] = 1.0 if enable else 0.0
                 s[_F_TAKEN] = 0.0
                 self.state.assign(s)
             return
-        function = self._flush_functions.get(id(applier))
-        if function is None:
-            function = self._flush_function(applier)
-            self._flush_functions = {id(applier): function}
+        if applier.flush_function is None:
+            applier.flush_function = self._flush_function(applier)
+        function = applier.flush_function
         flag = tf.constant(-1.0 if enable is None else float(enable), tf.float64)
         with self.strategy.scope():
             coordinator.schedule(function, args=(flag,))
@@ -467,48 +470,51 @@ class SyncController:
 
         return flush
 
-    def stop(self) -> None:
-        self._watchdog.stop()
-
 
 class _Watchdog(threading.Thread):
     """Fails `join()` when steps are pending and no worker has listened for `timeout_s`.
 
     TF 2.16's ClusterCoordinator waits for a failed worker to come back
     without a bound; a sync step cannot complete without workers, so the
-    wait ends with an error that names them.
+    wait ends with an error that names them. The thread holds its
+    controller weakly and ends once the controller is gone (a notebook that
+    makes a new strategy does not keep the old one alive).
     """
 
     def __init__(self, controller: SyncController):
         super().__init__(name="tf_psx-sync-watchdog", daemon=True)
-        self._controller_ref = controller
-        self._stopped = threading.Event()
+        self._controller_ref = weakref.ref(controller)
         self.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
 
     def run(self) -> None:
         down_since = None
-        while not self._stopped.wait(WATCHDOG_POLL_S):
-            controller = self._controller_ref
-            coordinator = getattr(controller.strategy, "_cluster_coordinator", None)
-            queue = getattr(getattr(coordinator, "_cluster", None), "closure_queue", None)
-            if queue is None or (queue._queue.empty() and queue._inflight_closure_count == 0):  # pylint: disable=protected-access
-                down_since = None
-                continue
-            if any(controller.address_listens(address) for address in controller.worker_addresses):
-                down_since = None
-                continue
-            now = time.monotonic()
-            down_since = down_since or now
-            if now - down_since >= controller.timeout_s:
-                fail_queue(queue, SyncStepError(
-                    f"tf_psx sync: no worker of {controller.worker_addresses} has listened for "
-                    f"{controller.timeout_s:.0f} s, so the sync step in progress cannot complete. Fix: restart "
-                    "the workers (tf-psx launch restarts them), then call fit again; the state is as after the "
-                    "last applied sync step."))
-                down_since = None
+        while True:
+            time.sleep(WATCHDOG_POLL_S)
+            controller = self._controller_ref()
+            if controller is None:
+                return
+            down_since = _watch_once(controller, down_since)
+            del controller  # not held while sleeping
+
+
+def _watch_once(controller: SyncController, down_since: float | None) -> float | None:
+    """One look of the watchdog; returns since when no worker listens (None: one does, or nothing pends)."""
+    coordinator = getattr(controller.strategy, "_cluster_coordinator", None)
+    queue = getattr(getattr(coordinator, "_cluster", None), "closure_queue", None)
+    if queue is None or (queue._queue.empty() and queue._inflight_closure_count == 0):  # pylint: disable=protected-access
+        return None
+    if any(controller.address_listens(address) for address in controller.worker_addresses):
+        return None
+    now = time.monotonic()
+    down_since = down_since or now
+    if now - down_since < controller.timeout_s:
+        return down_since
+    fail_queue(queue, SyncStepError(
+        f"tf_psx sync: no worker of {controller.worker_addresses} has listened for "
+        f"{controller.timeout_s:.0f} s, so the sync step in progress cannot complete. Fix: restart "
+        "the workers (tf-psx launch restarts them), then call fit again; the state is as after the "
+        "last applied sync step."))
+    return None
 
 
 def fail_queue(queue, error: Exception) -> None:
