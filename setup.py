@@ -11,6 +11,9 @@ INSTALL_REQUIRES = [
     "pyyaml>=6",
     # TFRA 0.8.1 imports pkg_resources, which setuptools 80+ no longer ships.
     "setuptools<80",
+    # The Prometheus endpoint (tf_psx.metrics) and the task memory and CPU it reports.
+    "prometheus-client>=0.17",
+    "psutil>=5.9",
 ]
 
 EXTRAS_REQUIRE = {
@@ -24,7 +27,6 @@ EXTRAS_REQUIRE = {
         "matplotlib>=3.7",
         "mkdocs>=1.5",
         "mkdocstrings[python]>=0.24",
-        "psutil>=5.9",
         "jsonschema>=4",
         "tensorboard>=2.16,<2.17",
     ],

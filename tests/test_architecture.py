@@ -86,13 +86,13 @@ def test_every_public_error_is_a_tfpsx_error():
     for cls in classes:
         assert issubclass(cls, errors.TFPSXError), cls
         assert cls is errors.TFPSXError or any(
-            issubclass(cls, builtin) for builtin in (ValueError, TypeError, RuntimeError)
+            issubclass(cls, builtin) for builtin in (ValueError, TypeError, RuntimeError, OSError)
         ), cls
     for name in ("TFConfigError", "LocalResourcesError", "Keras3Error", "ClusterUnreachableError"):
         assert getattr(tf_psx, name) is getattr(errors, name)
 
 
-@pytest.mark.parametrize("module", ["tf_psx.cluster", "tf_psx.errors", "tf_psx.k8s", "tf_psx.cli", "tf_psx.snapshots"])
+@pytest.mark.parametrize("module", ["tf_psx.cluster", "tf_psx.errors", "tf_psx.k8s", "tf_psx.cli", "tf_psx.snapshots", "tf_psx.netproxy", "tf_psx.metrics"])
 def test_light_modules_do_not_import_tensorflow(module):
     import subprocess  # pylint: disable=import-outside-toplevel
     import sys  # pylint: disable=import-outside-toplevel

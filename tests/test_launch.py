@@ -55,6 +55,7 @@ def _launch(capsys, *argv):
         (["--workers", "0", "--ps", "1", "--", PY], r"Option `--workers` must be an int >= 1\. Received: 0\. Fix: pass e.g. --workers 2"),
         (["--workers", "1", "--ps", "-1", "--", PY], r"Option `--ps` must be an int >= 1\. Received: -1"),
         (["--workers", "1", "--ps", "1", "--max-restarts", "-2", "--", PY], r"Option `--max-restarts` must be an int >= 0\. Received: -2"),
+        (["--workers", "1", "--ps", "1", "--metrics-port", "0", "--", PY], r"Option `--metrics-port` must be an int in 1..65534.*Received: 0\. Fix: pass e.g. --metrics-port 9400"),
         (["--workers", "1", "--ps", "1", "--", "no-such-program-tf-psx"], r"'no-such-program-tf-psx', which is not on PATH"),
         (["--workers", "1", "--ps", "1", "--", "{not_executable}"], r"'.*/data.txt', which is not an executable file"),
     ],
@@ -296,3 +297,65 @@ def test_public_names_are_pinned():
         "run_sidecar_evaluator", "snapshot_dir", "task_type",
     ]
     assert "launch" in tf_psx.__all__ and tf_psx.launch is launch
+
+
+def _scrape(port: int) -> dict[tuple, float]:
+    import urllib.request  # pylint: disable=import-outside-toplevel
+
+    from prometheus_client.parser import text_string_to_metric_families  # pylint: disable=import-outside-toplevel
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    return {(s.name, s.labels.get("task")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def _free_port_pair() -> int:
+    """A port P with P + 1 free too (the launcher's and the chief's)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port < 65534:
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                    return port
+                except OSError:
+                    continue
+    raise AssertionError("no free pair of ports")
+
+
+@pytest.mark.processes
+def test_metrics_port_serves_each_tasks_process_and_counts_restarts(tmp_path):
+    port = _free_port_pair()
+    chief = "import os, time; print('chief metrics port', os.environ['TF_PSX_METRICS_PORT'], flush=True); time.sleep(600)"
+    with LaunchRun(["--workers", "2", "--ps", "1", "--log-dir", str(tmp_path), "--metrics-port", str(port)],
+                   [PY, "-c", chief]) as run:
+        index, match = run.wait_for(r"^\[chief:0\] chief metrics port (\d+)")
+        assert int(match[1]) == port + 1
+        first = _scrape(port)
+        for task in ("ps:0", "worker:0", "worker:1", "chief:0"):
+            assert first[("tf_psx_task_up", task)] == 1.0 and first[("tf_psx_task_rss_bytes", task)] > 0, task
+            assert first[("tf_psx_task_restarts", task)] == 0.0
+        assert ("tf_psx_host_swap_used_bytes", None) in first and ("tf_psx_host_cpu_percent", None) in first
+        os.kill(run.pids()["worker:1"], signal.SIGKILL)
+        run.wait_for(r"^\[worker:1\] tf_psx.server ready worker:1", start=index)
+        after = _scrape(port)
+        assert after[("tf_psx_task_restarts", "worker:1")] == 1.0 and after[("tf_psx_task_up", "worker:1")] == 1.0
+        assert after[("tf_psx_task_restarts", "worker:0")] == 0.0
+        run.signal(signal.SIGTERM)
+        run.wait()
+    assert f"metrics: http://0.0.0.0:{port}/metrics (tasks)" in run.output
+
+
+@pytest.mark.processes
+def test_a_metrics_port_in_use_is_named_and_the_job_runs(tmp_path):
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    try:
+        with LaunchRun(["--workers", "1", "--ps", "1", "--log-dir", str(tmp_path), "--metrics-port", str(port)],
+                       [PY, "-c", "print('chief ran', flush=True)"]) as run:
+            code = run.wait()
+    finally:
+        taken.close()
+    assert code == 0 and "[chief:0] chief ran" in run.output
+    assert f"error: no metrics are served, the job runs without them: [Errno 98] The metrics port {port}" in run.output

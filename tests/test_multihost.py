@@ -5,10 +5,13 @@ IP, all plugged into a bridge that lives in a fourth namespace (the
 "switch"), so that nothing of it touches the host's own network. The tasks
 find each other by those IPs only: loopback is per namespace. With
 `tc netem`, every host's link delays its outgoing packets by 20 ms (a round
-trip of 40 ms) and training must still complete.
+trip of 40 ms) and training must still complete. The proxy variant adds the
+same delay without netem: every task's address in `TF_CONFIG` is a port of
+`tf_psx.netproxy` in the switch namespace, which relays it, 20 ms late in
+each direction, to the task's host; so it runs on kernels without sch_netem.
 
 Skipped, with the reason, when not run as root, when `ip` or `tc` is missing,
-or (the delayed variant) when the kernel has no netem qdisc.
+or (the netem variant) when the kernel has no netem qdisc.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import time
 
 import pytest
 
+from tf_psx import netproxy
 from tf_psx.cluster import ClusterConfig
 from tf_psx.server import READY_MARK
 
@@ -42,6 +46,31 @@ CHIEF_TIMEOUT_S = 420
 STOP_GRACE_S = 5
 STEPS = 30
 PING_COUNT = 3
+# The proxy variant: the switch's own address on the bridge, each task's port
+# (distinct, as they all appear at that one address), and an echo port that
+# measures the round trip through the proxy the way ping does through netem.
+SWITCH_OCTET = 254
+PROXY_PORTS = {"ps": 2222, "worker": 2223, "chief": 2224}
+ECHO_PORT = 2299
+ECHO_SERVER = (
+    "import socket\n"
+    "s = socket.create_server(('0.0.0.0', {port}))\n"
+    "print('listening', flush=True)\n"
+    "while True:\n"
+    "    c, _ = s.accept()\n"
+    "    while d := c.recv(64):\n"
+    "        c.sendall(d)\n"
+    "    c.close()\n"
+)
+ECHO_CLIENT = (
+    "import socket, time\n"
+    "c = socket.create_connection(('{host}', {port}), timeout=30)\n"
+    "c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
+    "times = []\n"
+    "for i in range({count}):\n"
+    "    t = time.monotonic(); c.sendall(b'x'); assert c.recv(1) == b'x'; times.append(time.monotonic() - t)\n"
+    "print(min(times) * 1000)\n"
+)
 
 
 def _skip_reason() -> str | None:
@@ -70,6 +99,13 @@ class _Hosts:
     def ip(self, task: str) -> str:
         return f"{SUBNET}.{HOSTS[task]}"
 
+    def give_switch_an_address(self) -> str:
+        """The switch namespace joins the bridge's subnet (for the proxy); returns its IP."""
+        address = f"{SUBNET}.{SWITCH_OCTET}"
+        _run("ip", "-n", self.switch, "addr", "add", f"{address}/24", "dev", "br0")
+        _run("ip", "-n", self.switch, "link", "set", "lo", "up")
+        return address
+
     def create(self) -> None:
         _run("ip", "netns", "add", self.switch)
         self.made.append(self.switch)
@@ -96,7 +132,7 @@ class _Hosts:
         return None
 
     def exec_argv(self, task: str, *argv: str) -> list[str]:
-        return ["ip", "netns", "exec", self.names[task], *argv]
+        return ["ip", "netns", "exec", self.names.get(task, task), *argv]
 
     def close(self) -> None:
         for ns in reversed(self.made):
@@ -114,12 +150,12 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def _wait_ready(proc: subprocess.Popen, log_path: str, name: str) -> None:
+def _wait_ready(proc: subprocess.Popen, log_path: str, name: str, mark: str = READY_MARK) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         with open(log_path, encoding="utf-8", errors="replace") as handle:
             text = handle.read()
-        if READY_MARK in text:
+        if mark in text:
             return
         if proc.poll() is not None:
             raise AssertionError(f"{name} exited ({proc.returncode}) before it listened:\n{text[-3000:]}")
@@ -127,16 +163,49 @@ def _wait_ready(proc: subprocess.Popen, log_path: str, name: str) -> None:
     raise AssertionError(f"{name} did not listen within {READY_TIMEOUT_S} s")
 
 
-@pytest.mark.parametrize("delay_ms", [0, DELAY_MS], ids=["no-delay", f"netem-{DELAY_MS}ms"])
-def test_ps_worker_and_chief_on_three_hosts(tmp_path, delay_ms):
+def _start_logged(argv: list[str], env: dict, log_path: str) -> subprocess.Popen:
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,  # pylint: disable=consider-using-with
+                                stdin=subprocess.DEVNULL)
+
+
+def _start_proxy(hosts: _Hosts, tmp_path, env: dict, procs: list) -> tuple[dict[str, str], str]:
+    """The delay proxy in the switch namespace; returns each task's address and the proxy's log."""
+    switch_ip = hosts.give_switch_an_address()
+    routes = [f"{switch_ip}:{port}={hosts.ip(task)}:{port}" for task, port in PROXY_PORTS.items()]
+    routes.append(f"{switch_ip}:{ECHO_PORT}={hosts.ip('ps')}:{ECHO_PORT}")
+    echo_log = str(tmp_path / "echo.log")
+    procs.append(_start_logged(hosts.exec_argv("ps", sys.executable, "-c", ECHO_SERVER.format(port=ECHO_PORT)), env,
+                               echo_log))
+    _wait_ready(procs[-1], echo_log, "the echo server", mark="listening")
+    proxy_log = str(tmp_path / "proxy.log")
+    procs.append(_start_logged(hosts.exec_argv(hosts.switch, sys.executable, "-m", "tf_psx.netproxy",
+                                               "--delay-ms", str(DELAY_MS), *routes), env, proxy_log))
+    _wait_ready(procs[-1], proxy_log, "the delay proxy", mark=netproxy.READY_MARK)
+    # The delay is really on the path: a round trip crosses the proxy twice.
+    rtt = _run(*hosts.exec_argv("chief", sys.executable, "-c",
+                                ECHO_CLIENT.format(host=switch_ip, port=ECHO_PORT, count=PING_COUNT)))
+    assert float(rtt.stdout) >= 2 * DELAY_MS * 0.9, rtt
+    return {task: f"{switch_ip}:{port}" for task, port in PROXY_PORTS.items()}, proxy_log
+
+
+@pytest.mark.parametrize("delay_ms, via", [(0, "link"), (DELAY_MS, "netem"), (DELAY_MS, "proxy")],
+                         ids=["no-delay", f"netem-{DELAY_MS}ms", f"proxy-{DELAY_MS}ms"])
+def test_ps_worker_and_chief_on_three_hosts(tmp_path, delay_ms, via):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    hosts = _Hosts(f"{os.getpid() % 10000}{'d' if delay_ms else 'n'}")
+    hosts = _Hosts(f"{os.getpid() % 10000}{via[0]}")
     procs: list[subprocess.Popen] = []
+    env = dict(os.environ, GRPC_FAIL_FAST="use_caller", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+    addresses = {task: f"{hosts.ip(task)}:{PORT}" for task in HOSTS}
+    proxy = None
     try:
         hosts.create()
-        if delay_ms:
+        if via == "proxy":
+            addresses, proxy_log = _start_proxy(hosts, tmp_path, env, procs)
+            proxy = procs[-1]
+        if via == "netem":
             why = hosts.add_delay(delay_ms)
             if why:
                 pytest.skip(why)
@@ -144,18 +213,13 @@ def test_ps_worker_and_chief_on_three_hosts(tmp_path, delay_ms):
             ping = _run(*hosts.exec_argv("chief", "ping", "-c", str(PING_COUNT), "-i", "0.2", hosts.ip("ps")))
             rtts = [float(x) for x in re.findall(r"time=([\d.]+) ms", ping.stdout)]
             assert len(rtts) == PING_COUNT and min(rtts) >= 2 * delay_ms * 0.9, ping.stdout
-        config = ClusterConfig(
-            workers=[f"{hosts.ip('worker')}:{PORT}"], ps=[f"{hosts.ip('ps')}:{PORT}"], chief=f"{hosts.ip('chief')}:{PORT}"
-        )
-        env = dict(os.environ, GRPC_FAIL_FAST="use_caller", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+        config = ClusterConfig(workers=[addresses["worker"]], ps=[addresses["ps"]], chief=addresses["chief"])
+        servers = []
         for task in ("ps", "worker"):
             log_path = str(tmp_path / f"{task}.log")
-            with open(log_path, "wb") as log:
-                procs.append(subprocess.Popen(  # pylint: disable=consider-using-with
-                    hosts.exec_argv(task, sys.executable, "-m", "tf_psx.server"),
-                    env=dict(env, TF_CONFIG=config.to_json(task, 0)), stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                ))
+            procs.append(_start_logged(hosts.exec_argv(task, sys.executable, "-m", "tf_psx.server"),
+                                       dict(env, TF_CONFIG=config.to_json(task, 0)), log_path))
+            servers.append(procs[-1])
             _wait_ready(procs[-1], log_path, task)
         # Separate hosts: from the chief's host, the ps port is not on loopback.
         probe = f"import socket; print(socket.socket().connect_ex(('127.0.0.1', {PORT})))"
@@ -177,7 +241,15 @@ def test_ps_worker_and_chief_on_three_hosts(tmp_path, delay_ms):
         result = json.loads(result_path.read_text())
         assert result["iterations"] == STEPS and result["steps_with_loss"] == STEPS, result
         # The servers were still serving at the end (none crashed).
-        assert all(proc.poll() is None for proc in procs[:2])
+        assert all(proc.poll() is None for proc in servers)
+        if proxy is not None:
+            # Every task's traffic went through the proxy (its byte counts, printed when it stops).
+            _stop(proxy)
+            with open(proxy_log, encoding="utf-8") as handle:
+                stats = json.loads(handle.read().strip().splitlines()[-1])
+            for task in ("ps", "worker"):
+                route = stats[addresses[task]]
+                assert route["bytes_up"] > 0 and route["bytes_down"] > 0 and not route["errors"], (task, route)
     finally:
         for proc in procs:
             _stop(proc)

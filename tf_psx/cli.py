@@ -481,6 +481,10 @@ def _add_launch(subparsers: Any) -> None:
     parser.add_argument(
         "--isolate", action="store_true", help="run the whole job in a private network namespace (Linux)"
     )
+    parser.add_argument(
+        "--metrics-port", type=int, metavar="P",
+        help="serve Prometheus metrics of the tasks on P; the chief's ClusterMonitor serves training metrics on P+1",
+    )
     parser.add_argument("command", nargs="*", metavar="CMD", help="after --: the chief's command")
     parser.set_defaults(run=_run_launch)
 
@@ -498,6 +502,7 @@ def _run_launch(args: argparse.Namespace) -> int:
             log_dir=args.log_dir,
             snapshot_dir=args.snapshot_dir,
             isolate=args.isolate,
+            metrics_port=args.metrics_port,
         )
         return launcher.run()
     except launch.LaunchError as err:

@@ -92,3 +92,7 @@ class CommandError(TFPSXError, ValueError):
 
 class SyncStepError(TFPSXError, RuntimeError):
     """A synchronous step cannot complete (no worker reachable); names the workers and the fix."""
+
+
+class MetricsPortError(TFPSXError, OSError):
+    """The Prometheus metrics port cannot be served (in use); names the port and the fix."""

@@ -97,7 +97,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from tf_psx import _checks, _supervisor
+from tf_psx import _checks, _supervisor, metrics as _metrics
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig
 from tf_psx.errors import LaunchError
@@ -342,6 +342,12 @@ class Launcher:
       snapshot_dir: the `$TF_PSX_SNAPSHOT_DIR` of the chief and the evaluator;
         `<log_dir>/snapshots` when None.
       isolate: run the whole job in a private network namespace (Linux).
+      metrics_port: serve Prometheus metrics of the tasks' processes (up,
+        restarts, memory, CPU) and of the host (CPU, swap) on this port; the
+        chief gets `metrics_port + 1` in `TF_PSX_METRICS_PORT`, where a
+        `ClusterMonitor` serves the training metrics. None: no metrics. A
+        port in use is reported and the job runs without metrics.
+      metrics_host: the address the launcher's endpoint listens on.
       out: where task output is streamed (stdout when None).
       err: where the launcher's own messages go (stderr when None).
 
@@ -362,6 +368,8 @@ class Launcher:
         isolate: bool = False,
         out: TextIO | None = None,
         err: TextIO | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "0.0.0.0",
     ):
         if isinstance(command, str) or not isinstance(command, Sequence) or not command or not all(
             isinstance(part, str) and part for part in command
@@ -387,6 +395,14 @@ class Launcher:
         )
         self.evaluator = bool(evaluator)
         self.isolate = bool(isolate)
+        if metrics_port is not None and not (_checks.is_int_at_least(metrics_port, 1) and metrics_port < 65535):
+            raise LaunchError(
+                f"Option `--metrics-port` must be an int in 1..65534 (the chief serves on the next port). "
+                f"Received: {metrics_port!r}. Fix: pass e.g. --metrics-port 9400."
+            )
+        self.metrics_port, self.metrics_host = metrics_port, metrics_host
+        self.metrics_server = None
+        self._starts: dict[str, int] = {}
         if self.isolate and not sys.platform.startswith("linux"):
             raise LaunchError(
                 f"Option `--isolate` needs Linux network namespaces; this is {sys.platform}. Fix: "
@@ -467,6 +483,8 @@ class Launcher:
             args += ["--log-dir", self.log_dir]
         if self.snapshot_dir:
             args += ["--snapshot-dir", self.snapshot_dir]
+        if self.metrics_port is not None:
+            args += ["--metrics-port", str(self.metrics_port)]
         return [*args, "--", *self.command]
 
     def _run_isolated(self) -> int:
@@ -568,6 +586,8 @@ class Launcher:
                 env = _supervisor.server_env(base, self.config.to_json(task_type_, index))
                 self._add_task(task_type_, index, server_argv, env)
         user_env = dict(base, **{SNAPSHOT_DIR_ENV: self.snapshot_dir, CHIEF_ATTEMPT_ENV: "0"})
+        if self.metrics_port is not None:
+            user_env[_metrics.ENV_PORT] = str(self.metrics_port + 1)
         self._add_task("chief", 0, self.command, dict(user_env, **{TF_CONFIG_ENV: self.config.to_json("chief", 0)}))
         if self.evaluator:
             env = dict(user_env, **{TF_CONFIG_ENV: self.config.to_json("evaluator", 0)})
@@ -597,6 +617,7 @@ class Launcher:
                 "whoever reaches them can run any op on this machine (use --isolate; docs/security.md)"
             )
         self._say(f"cluster: {self._address_list()}; logs in {self.log_dir}")
+        self._serve_metrics()
         code = self._start_and_wait(self._servers(), "exited while starting")
         if code is not None:
             return code
@@ -638,6 +659,26 @@ class Launcher:
                     self._finish_evaluator()
                 return _exit_code(code)
             time.sleep(POLL_S)
+
+    def _serve_metrics(self) -> None:
+        if self.metrics_port is None:
+            return
+        try:
+            self.metrics_server = _metrics.serve(self.metrics_port, self.metrics_host)
+        except _metrics.MetricsPortError as err:
+            self._say(f"error: no metrics are served, the job runs without them: {err}")
+            return
+        sampler = _metrics.ProcessSampler(lambda: {task.name: task.pid if task.alive() else None
+                                                   for task in self._tasks.values()})
+
+        def samples():
+            restarts = [("tf_psx_task_restarts", {"task": name, "role": name.split(":")[0]}, max(count - 1, 0))
+                        for name, count in sorted(self._starts.items())]
+            return sampler() + restarts
+
+        self.metrics_server.set_source("launcher", samples)
+        self._say(f"metrics: http://{self.metrics_host}:{self.metrics_server.port}/metrics (tasks); "
+                  f"the chief's ClusterMonitor serves on port {self.metrics_port + 1}")
 
     def _address_list(self) -> str:
         jobs = self.config.as_dict()
@@ -711,6 +752,7 @@ class Launcher:
     # -- processes ---------------------------------------------------------
 
     def _spawn(self, task: _supervisor.TaskProcess) -> None:
+        self._starts[task.name] = self._starts.get(task.name, 0) + 1
         try:
             task.start(banner=PREFIX)
         except OSError as err:
@@ -749,6 +791,9 @@ class Launcher:
         order = ["chief", "evaluator", "worker", "ps"]
         tasks = sorted(self._tasks.values(), key=lambda task: order.index(task.task_type))
         self._stop(tasks)
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
 
 
 def _copy_lines(stream, target, lock: threading.Lock) -> None:

@@ -1,0 +1,292 @@
+"""A userspace TCP relay that delays traffic: network latency without `tc netem`.
+
+`DelayProxy` listens on one address per route and relays every connection to
+the route's target, holding each chunk of bytes for `delay_ms` in each
+direction, in order. A round trip through it therefore takes `2 * delay_ms`
+longer; bandwidth is not limited. It needs no root and no kernel module, so
+latency tests run where the netem qdisc is missing (the multi-host test
+routes every task's gRPC port through it when `tc qdisc add ... netem`
+fails).
+
+Put it between the tasks of a cluster by giving `TF_CONFIG` the proxy's
+addresses: TensorFlow's server binds its port on every interface, so a task
+whose cluster address is `PROXY_HOST:PORT` still listens on `PORT` on its own
+host, and the proxy (on another host or network namespace) forwards
+`PROXY_HOST:PORT` to `TASK_HOST:PORT`.
+
+Example:
+
+>>> import socket, threading, time
+>>> echo = socket.create_server(("127.0.0.1", 0))
+>>> def serve():
+...     conn, _ = echo.accept()
+...     with conn:
+...         while data := conn.recv(1024):
+...             conn.sendall(data)
+>>> _ = threading.Thread(target=serve, daemon=True).start()
+>>> with DelayProxy({"127.0.0.1:0": echo.getsockname()}, delay_ms=25) as proxy:
+...     client = socket.create_connection(proxy.address(0))
+...     start = time.monotonic()
+...     client.sendall(b"ping")
+...     reply = client.recv(1024)
+...     rtt_ms = 1000 * (time.monotonic() - start)
+...     client.close()
+>>> reply, rtt_ms >= 50
+(b'ping', True)
+>>> echo.close()
+
+From a shell (the proxy prints `tf_psx.netproxy ready` once it listens, and
+its byte counts when SIGTERM or SIGINT stop it):
+
+    python -m tf_psx.netproxy --delay-ms 20 10.0.0.254:2222=10.0.0.1:2222
+
+Known limitations:
+  * One thread per connection direction: meant for the few long-lived gRPC
+    connections of a test cluster, not for thousands of clients.
+  * The delay is per chunk read (up to `CHUNK_BYTES`), applied on the
+    relay's clock; there is no jitter, loss or rate limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Mapping
+
+# Printed (with flush) once every route listens; tests and scripts wait for it.
+READY_MARK = "tf_psx.netproxy ready"
+# Bytes read per recv: one gRPC frame is at most 16 KiB by default, so a
+# chunk carries a few frames and the per-chunk overhead stays small.
+CHUNK_BYTES = 65536
+# How long a relay thread waits before it checks whether the proxy closed.
+POLL_S = 0.2
+# Connecting to a target: a task that is not up yet is a refused connection at once,
+# a host that does not answer is bounded by this.
+CONNECT_TIMEOUT_S = 10.0
+# close() waits at most this long for each relay thread.
+JOIN_TIMEOUT_S = 5.0
+_ADDRESS_FORM = '"host:port" or a (host, port) pair'
+
+
+def _address(value, field: str) -> tuple[str, int]:
+    """(host, port) from "host:port" or a pair; ValueError naming `field` otherwise."""
+    host, port = None, None
+    if isinstance(value, str):
+        host, _, port_text = value.rpartition(":")
+        port = int(port_text) if port_text.isdigit() else None
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        host, port = value
+    if not host or isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(
+            f"{field} must be {_ADDRESS_FORM} with a port in 0..65535. Received: {value!r}. "
+            'Fix: pass e.g. "127.0.0.1:2222".'
+        )
+    return str(host).strip("[]"), port
+
+
+class _Route:
+    """One listening socket and the connections it relays."""
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int]):
+        self.listen, self.target = listen, target
+        self.connections = 0
+        self.bytes_up = 0  # client -> target
+        self.bytes_down = 0  # target -> client
+        self.errors: list[str] = []
+        self.sock: socket.socket | None = None
+        self.bound = listen  # the real address once listening (port 0 picks one)
+
+
+class DelayProxy:
+    """Relays TCP connections, each byte delayed by `delay_ms` in each direction.
+
+    Args:
+      routes: {listen address: target address}, each "host:port" or a
+        (host, port) pair. A listen port of 0 picks a free port (see
+        `address()`).
+      delay_ms: float >= 0, the one-way delay added to every byte.
+
+    Raises:
+      ValueError: a malformed address or delay.
+      OSError: from `start()`, naming the address, when a listen address
+        cannot be bound (in use, or not an address of this host).
+    """
+
+    def __init__(self, routes: Mapping, delay_ms: float):
+        if not isinstance(routes, Mapping) or not routes:
+            raise ValueError(
+                f"Argument `routes` of DelayProxy must be a non-empty dict {{listen: target}}. Received: {routes!r}. "
+                'Fix: pass e.g. {"127.0.0.1:3222": "127.0.0.1:2222"}.'
+            )
+        if isinstance(delay_ms, bool) or not isinstance(delay_ms, (int, float)) or not delay_ms >= 0:
+            raise ValueError(f"Argument `delay_ms` of DelayProxy must be a number >= 0. Received: {delay_ms!r}. "
+                             "Fix: pass e.g. delay_ms=20.")
+        self.delay_s = float(delay_ms) / 1000.0
+        self._routes = [_Route(_address(listen, f"DelayProxy route listen address {listen!r}"),
+                               _address(target, f"DelayProxy route target of {listen!r}"))
+                        for listen, target in routes.items()]
+        self._closed = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> "DelayProxy":
+        """Binds every listen address and starts relaying; returns self."""
+        for route in self._routes:
+            try:
+                route.sock = socket.create_server(route.listen, reuse_port=False)
+            except OSError as err:
+                self.close()
+                raise OSError(err.errno, f"DelayProxy cannot listen on {route.listen[0]}:{route.listen[1]}: "
+                                         f"{err.strerror}. Fix: pick a free port on an address of this host.") from err
+            route.sock.settimeout(POLL_S)
+            route.bound = route.sock.getsockname()[:2]
+            self._spawn(self._accept, route)
+        return self
+
+    def address(self, index: int) -> tuple[str, int]:
+        """The (host, port) route `index` listens on (its real port when 0 was asked)."""
+        return self._routes[index].bound
+
+    def stats(self) -> dict[str, dict]:
+        """{listen "host:port": {target, connections, bytes_up, bytes_down, errors}}."""
+        with self._lock:
+            return {f"{host}:{port}": {"target": f"{r.target[0]}:{r.target[1]}", "connections": r.connections,
+                                       "bytes_up": r.bytes_up, "bytes_down": r.bytes_down, "errors": list(r.errors)}
+                    for r, (host, port) in ((r, self.address(i)) for i, r in enumerate(self._routes))}
+
+    def close(self) -> None:
+        """Stops listening, drops every connection and joins the relay threads (bounded)."""
+        self._closed.set()
+        for route in self._routes:
+            if route.sock is not None:
+                route.sock.close()
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _close_quietly(sock)
+        for thread in list(self._threads):
+            if thread is not threading.current_thread():
+                thread.join(JOIN_TIMEOUT_S)
+
+    def __enter__(self) -> "DelayProxy":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- relaying ---------------------------------------------------------------
+
+    def _spawn(self, target, *args) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True, name=f"tf_psx.netproxy.{target.__name__}")
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self, route: _Route) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = route.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return  # closed
+            try:
+                upstream = socket.create_connection(route.target, timeout=CONNECT_TIMEOUT_S)
+            except OSError as err:
+                with self._lock:
+                    route.errors.append(f"connect to {route.target[0]}:{route.target[1]}: {err}")
+                _close_quietly(client)
+                continue
+            with self._lock:
+                route.connections += 1
+                self._sockets += [client, upstream]
+            for sock in (client, upstream):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(POLL_S)
+            for source, sink, field in ((client, upstream, "bytes_up"), (upstream, client, "bytes_down")):
+                chunks: queue.Queue = queue.Queue()
+                self._spawn(self._read, route, source, chunks, field)
+                self._spawn(self._write, sink, chunks, source)
+
+    def _read(self, route: _Route, source: socket.socket, chunks: queue.Queue, field: str) -> None:
+        """Stamps each chunk with the time it may leave; None marks the end of the stream."""
+        while not self._closed.is_set():
+            try:
+                data = source.recv(CHUNK_BYTES)
+            except socket.timeout:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                break
+            with self._lock:
+                setattr(route, field, getattr(route, field) + len(data))
+            chunks.put((time.monotonic() + self.delay_s, data))
+        chunks.put(None)
+
+    def _write(self, sink: socket.socket, chunks: queue.Queue, source: socket.socket) -> None:
+        while not self._closed.is_set():
+            try:
+                item = chunks.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            if item is None:
+                break
+            due, data = item
+            wait = due - time.monotonic()
+            if wait > 0 and self._closed.wait(wait):
+                return
+            try:
+                sink.sendall(data)
+            except OSError:
+                break
+        # The peer finished sending (or the sink failed): pass the end on.
+        try:
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            _close_quietly(source)
+
+
+def _close_quietly(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tf_psx.netproxy --delay-ms MS LISTEN=TARGET ...`; runs until SIGTERM or SIGINT."""
+    parser = argparse.ArgumentParser(prog="python -m tf_psx.netproxy", description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--delay-ms", type=float, required=True, help="one-way delay added to every byte")
+    parser.add_argument("routes", nargs="+", metavar="LISTEN=TARGET", help="e.g. 10.0.0.254:2222=10.0.0.1:2222")
+    args = parser.parse_args(argv)
+    routes = {}
+    for text in args.routes:
+        listen, sep, target = text.partition("=")
+        if not sep:
+            parser.error(f"a route must be LISTEN=TARGET, e.g. 127.0.0.1:3222=127.0.0.1:2222; received {text!r}")
+        routes[listen] = target
+    try:
+        proxy = DelayProxy(routes, args.delay_ms).start()
+    except (ValueError, OSError) as err:
+        print(f"tf_psx.netproxy: {err}", file=sys.stderr, flush=True)
+        return 2
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    print(READY_MARK, flush=True)
+    while not stop.wait(POLL_S):
+        pass
+    proxy.close()
+    print(json.dumps(proxy.stats()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
