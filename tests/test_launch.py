@@ -10,6 +10,7 @@ test_chaos.py.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -157,7 +158,7 @@ def test_streams_prefixed_output_keeps_logs_and_returns_the_chiefs_status(tmp_pa
     assert f"[chief:0] {probe}" in run.lines
     assert re.search(rf"chief:0 failed with exit status 3; logs in {logs}; its log is {logs}/chief-0.log", out)
     # Every task has a log file with its own output, unprefixed.
-    assert sorted(os.listdir(logs)) == ["chief-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
+    assert sorted(os.listdir(logs)) == ["chief-0.log", "ps-0.log", "task_pids.json", "worker-0.log", "worker-1.log"]
     assert (logs / "chief-0.log").read_text().splitlines() == [probe]
     assert "tf_psx.server ready worker:1" in (logs / "worker-1.log").read_text()
     assert "[worker:1]" not in (logs / "worker-1.log").read_text()
@@ -341,6 +342,9 @@ def test_metrics_port_serves_each_tasks_process_and_counts_restarts(tmp_path):
         run.wait_for(r"^\[worker:1\] tf_psx.server ready worker:1", start=index)
         after = _scrape(port)
         assert after[("tf_psx_task_restarts", "worker:1")] == 1.0 and after[("tf_psx_task_up", "worker:1")] == 1.0
+        # The stall doctor's view of the tasks follows the restart.
+        pids = json.loads((tmp_path / launch.PIDS_FILE).read_text())
+        assert pids["worker:1"] == run.pids()["worker:1"] and set(pids) == {"ps:0", "worker:0", "worker:1", "chief:0"}
         assert after[("tf_psx_task_restarts", "worker:0")] == 0.0
         run.signal(signal.SIGTERM)
         run.wait()

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import _checks, metrics as _metrics, snapshots as _snapshots, tables as _tables
+from tf_psx import _checks, doctor as _doctor, metrics as _metrics, snapshots as _snapshots, tables as _tables
 from tf_psx._tf import checkpoint as _checkpoint, fit_hooks as _fit_hooks, keras as _tf_keras, runtime as _runtime
 from tf_psx._tf import tfra as _tfra
 
@@ -71,6 +71,10 @@ _NAMES_SHOWN = 10
 # ClusterMonitor: often enough to see a trend within one epoch of a test run,
 # rare enough that its few small remote reads cost < 1 % of steps.
 DEFAULT_MONITOR_STEPS = 100
+# StallDoctor: 10 minutes without a finished step. Far above a first trace
+# (~20 s on 2 cores) and the time TF takes to notice a dead worker and re-run
+# its step elsewhere, so a report means a real stall.
+DEFAULT_STALL_TIMEOUT_S = 600.0
 # Bytes of one TFRA table key (int64).
 _TFRA_KEY_BYTES = 8
 _PS_TASK_RE = re.compile(r"/job:ps/replica:\d+/task:(\d+)")
@@ -1476,6 +1480,63 @@ def _table_values(model) -> dict[str, float]:
             values[f"tables/{layer.name}/rows_evicted"] = float(layer.policy.rows_evicted)
             values[f"tables/{layer.name}/rows_spilled"] = float(layer.policy.rows_spilled)
     return values
+
+
+# ----------------------------------------------------------------------------
+# StallDoctor
+
+
+class StallDoctor(_RunCallback):
+    """Logs why `fit` stopped making progress: closures by worker, task states, stacks.
+
+    Under `ParameterServerStrategy`, when no step finishes for `timeout_s`
+    while steps are pending, it logs one report (`tf_psx.doctor.StallWatch`):
+    which worker runs which step since when and on which attempt, the state
+    of each task process it knows (a worker stopped by SIGSTOP stands out),
+    the coordinator's Python stacks, and it asks each running
+    `tf_psx.server` task to write its stacks into its log. It changes
+    nothing in training. Under other strategies it does nothing.
+
+    Example:
+
+    >>> doctor = tf_psx.callbacks.StallDoctor(timeout_s=300)  # doctest: +SKIP
+    >>> model.fit(..., callbacks=[doctor])  # doctest: +SKIP
+    >>> doctor.reports  # doctest: +SKIP
+    []
+
+    Args:
+      timeout_s: number > 0, seconds without a finished step that make a stall.
+      cluster: the `tf_psx.LocalCluster(processes=True)` the strategy runs
+        on, for the task processes; under `tf-psx launch` the launcher's
+        tasks are found without it.
+      signal_tasks: ask the running tasks for their stacks (SIGUSR1).
+
+    Attributes:
+      reports: the text of every report of this callback's fits.
+
+    Raises:
+      ValueError: a bad `timeout_s`.
+    """
+
+    def __init__(self, timeout_s: float = DEFAULT_STALL_TIMEOUT_S, cluster=None, signal_tasks: bool = True):
+        super().__init__()
+        self.timeout_s = _doctor.check_timeout(timeout_s, "StallDoctor")
+        self.cluster, self.signal_tasks = cluster, bool(signal_tasks)
+        self.reports: list[str] = []
+        self._watch: _doctor.StallWatch | None = None
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        if _runtime.is_parameter_server_strategy(self.model.distribute_strategy):
+            self._watch = _doctor.StallWatch(_coordinator(self.model), self.timeout_s, cluster=self.cluster,
+                                             signal_tasks=self.signal_tasks)
+            self._watch.reports = self.reports
+            self._watch.start()
+
+    def on_train_end(self, logs=None):
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
 
 
 # ----------------------------------------------------------------------------

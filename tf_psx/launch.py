@@ -97,7 +97,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from tf_psx import _checks, _supervisor, metrics as _metrics
+from tf_psx import _checks, _supervisor, doctor as _doctor, metrics as _metrics
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig
 from tf_psx.errors import LaunchError
@@ -123,6 +123,8 @@ CHIEF_ATTEMPT_ENV = "TF_PSX_CHIEF_ATTEMPT"
 _ISOLATED_ENV = "TF_PSX_LAUNCH_ISOLATED"
 # Written into the snapshot directory once the chief has exited with status 0.
 TRAINING_DONE_FILE = "TRAINING_DONE"
+# {task: pid} of every task, in LOG_DIR, for the stall doctor in the chief (tf_psx.doctor).
+PIDS_FILE = "task_pids.json"
 
 # A task restart or two (a preempted worker, an OOM-killed ps) is routine;
 # a task that keeps dying is a bug, and giving up after 3 shows its log within
@@ -588,6 +590,9 @@ class Launcher:
         user_env = dict(base, **{SNAPSHOT_DIR_ENV: self.snapshot_dir, CHIEF_ATTEMPT_ENV: "0"})
         if self.metrics_port is not None:
             user_env[_metrics.ENV_PORT] = str(self.metrics_port + 1)
+        # The stall doctor in the chief finds the tasks' pids here (rewritten on every start).
+        self._pids_file = os.path.join(self.log_dir, PIDS_FILE)
+        user_env[_doctor.PIDS_FILE_ENV] = self._pids_file
         self._add_task("chief", 0, self.command, dict(user_env, **{TF_CONFIG_ENV: self.config.to_json("chief", 0)}))
         if self.evaluator:
             env = dict(user_env, **{TF_CONFIG_ENV: self.config.to_json("evaluator", 0)})
@@ -755,11 +760,19 @@ class Launcher:
         self._starts[task.name] = self._starts.get(task.name, 0) + 1
         try:
             task.start(banner=PREFIX)
+            self._write_pids()
         except OSError as err:
             raise LaunchError(
                 f"{task.name}: cannot run {task.argv[0]!r} ({err.strerror}). Fix: check the command "
                 "after `--` (the program must be on PATH or given by its path)."
             ) from None
+
+    def _write_pids(self) -> None:
+        pids = {task.name: task.pid for task in self._tasks.values() if task.pid is not None}
+        temporary = self._pids_file + ".tmp"
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump(pids, handle)
+        os.replace(temporary, self._pids_file)
 
     def _start_and_wait(self, tasks: list[_supervisor.TaskProcess], what: str) -> int | None:
         """Starts `tasks` and waits until they listen; the exit status to give up with, or None."""

@@ -11,6 +11,7 @@ Known limitations:
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -51,6 +52,25 @@ def server_config(task_type: str, num_workers: int, inter_op_threads: int | None
     return config
 
 
+def _write_info(config) -> str | None:
+    """Writes this task's versions and pid for `tf-psx doctor` (tf_psx.doctor); returns the path."""
+    import json  # pylint: disable=import-outside-toplevel
+
+    from tf_psx import doctor, trail  # pylint: disable=import-outside-toplevel
+
+    port = int(config.as_dict()[config.task_type][config.task_index].rsplit(":", 1)[1])
+    path = doctor.server_info_path(port)
+    info = {"task": f"{config.task_type}:{config.task_index}", "pid": os.getpid(), "versions": trail.package_versions()}
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            json.dump(info, handle)
+        os.replace(path + ".tmp", path)
+    except OSError as err:  # a read-only /tmp: the doctor reports "versions unknown"
+        print(f"tf_psx.server: cannot write {path} for tf-psx doctor: {err}", file=sys.stderr, flush=True)
+        return None
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """Starts the task named by TF_CONFIG and blocks until it is signalled."""
     del argv
@@ -87,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    # The stall doctor (tf_psx.doctor) asks for this task's stacks with SIGUSR1.
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     tf.distribute.Server(
         config.cluster_spec(),
         job_name=config.task_type,
@@ -95,9 +118,15 @@ def main(argv: list[str] | None = None) -> int:
         protocol="grpc",
         start=True,
     )
+    info_path = _write_info(config)
     print(f"{READY_MARK} {config.task_type}:{config.task_index} pid={os.getpid()}", flush=True)
     while not stop.wait(SIGNAL_POLL_S):
         pass
+    if info_path:
+        try:
+            os.remove(info_path)
+        except OSError:
+            pass
     # gRPC servers cannot be shut down cleanly in TF 2.16 ("Clean shutdown is
     # not currently implemented"); leaving the process releases the port.
     print(f"tf_psx.server {config.task_type}:{config.task_index} stopping", flush=True)

@@ -84,3 +84,80 @@ def closure_retries(coordinator) -> ClosureRetries:
         queue.put_back = put_back
         queue._tf_psx_retries = counter  # pylint: disable=protected-access
     return counter
+
+
+class ClosureTable:
+    """What each worker thread of a ClusterCoordinator runs now, and when a closure last finished.
+
+    `running` maps a worker index to (closure name, wall time started,
+    monotonic time started, attempt); `finished` counts closures that
+    returned (done or failed); `last_progress` is the monotonic time of the
+    latest. Read under `lock`.
+    """
+
+    def __init__(self, num_workers: int):
+        import threading  # pylint: disable=import-outside-toplevel
+        import time  # pylint: disable=import-outside-toplevel
+
+        self.lock = threading.Lock()
+        self.num_workers = num_workers
+        self.running: dict[int, tuple[str, float, float, int]] = {}
+        self.finished = 0
+        self.last_progress = time.monotonic()
+        self._attempts: dict[int, int] = {}  # id(closure) -> runs so far, until it is done for good
+
+    def pending(self, coordinator) -> tuple[int, int]:
+        """(closures in flight, closures queued) of the coordinator's queue."""
+        queue = coordinator._cluster.closure_queue  # pylint: disable=protected-access
+        return int(queue.inflight_closure_count), int(queue._queue.qsize())  # pylint: disable=protected-access
+
+
+def _closure_name(closure) -> str:
+    function = getattr(closure, "_concrete_function", None) or getattr(closure, "_function", None)
+    name = getattr(function, "name", None) or getattr(function, "__name__", None) or type(closure).__name__
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def closure_table(coordinator) -> ClosureTable:
+    """Returns the closure table of `coordinator`, installing it on first use.
+
+    TF 2.16's worker threads run each closure through
+    `Worker._process_closure(closure)` (looked up on the instance every
+    time) and re-queue a failed one with `closure_queue.put_back`. The table
+    wraps both, on these instances, once. Closures that started before it
+    was installed are not in it.
+    """
+    import time  # pylint: disable=import-outside-toplevel
+
+    cluster = coordinator._cluster  # pylint: disable=protected-access
+    table = cluster.__dict__.get("_tf_psx_closure_table")
+    if table is not None:
+        return table
+    table = ClosureTable(len(cluster.workers))
+    queue = cluster.closure_queue
+    for worker in cluster.workers:
+        def process(closure, _original=worker._process_closure, _index=worker.worker_index):  # pylint: disable=protected-access
+            key = id(closure)
+            with table.lock:
+                attempt = table._attempts.get(key, 0) + 1  # pylint: disable=protected-access
+                table._attempts[key] = attempt  # pylint: disable=protected-access
+                table.running[_index] = (_closure_name(closure), time.time(), time.monotonic(), attempt)
+            try:
+                return _original(closure)
+            finally:
+                with table.lock:
+                    table.running.pop(_index, None)
+                    table.finished += 1
+                    table.last_progress = time.monotonic()
+                    if not _requeued(queue, closure):  # done for good: forget its attempts
+                        table._attempts.pop(key, None)  # pylint: disable=protected-access
+
+        worker._process_closure = process  # pylint: disable=protected-access
+    cluster._tf_psx_closure_table = table  # pylint: disable=protected-access
+    return table
+
+
+def _requeued(queue, closure) -> bool:
+    """True when `closure` waits in the queue again (put back after a failure)."""
+    with queue._queue_lock:  # pylint: disable=protected-access
+        return any(item is closure for item in list(queue._queue.queue))  # pylint: disable=protected-access
