@@ -786,3 +786,20 @@ def test_write_criteo_sample_refuses_bad_arguments(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         write_criteo_sample(path, **kwargs)
     assert not path.exists()  # checked before anything is written
+
+
+def test_redaction_keeps_the_field_values_out_of_the_warnings(tmp_path, tsv_file, monkeypatch):
+    from tf_psx import redaction  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setenv(redaction.ENV, "1")
+    path, _ = _write_with_bad_lines(tmp_path, tsv_file)
+    stats = CriteoStats()
+    with pytest.warns(CriteoMalformedLineWarning) as record:
+        _collect(criteo(path, 4, stats=stats))
+        assert stats.wait()
+    # The file, the line, the field and the rule stay; the values ('abc', '2') do not.
+    assert _messages(record) == [
+        f"{path}:3: skipped malformed line: expected 40 TSV fields, found 39",
+        f"{path}:8: skipped malformed line: I3 must be an integer of at most 31 characters, or empty; received <redacted>",
+        f"{path}:13: skipped malformed line: label must be 0 or 1; received <redacted>",
+    ]

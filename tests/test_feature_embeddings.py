@@ -243,3 +243,17 @@ def test_dynamic_features_equal_separate_tables_and_export(ps_strategy, tmp_path
     served = tf.saved_model.load(tf_psx.export_serving(fused_model, str(tmp_path / "served")))
     (out,) = served.serve({k: tf.constant(v) for k, v in probe.items()}).values()
     np.testing.assert_allclose(out.numpy().reshape(-1, 1), expected, atol=1e-6)
+
+
+def test_redaction_keeps_the_id_out_of_the_range_error():
+    from tf_psx import redaction  # pylint: disable=import-outside-toplevel
+
+    layer = FeatureEmbeddings(FEATURES, DIM)
+    with redaction.redacted():
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"ids of feature `C2` must be in \[0, 30\); received id <redacted>\. Fix: hash") as eager:
+            layer({"C1": tf.constant([1]), "C2": tf.constant([40]), "C3": tf.constant([0])})
+        traced = tf.function(layer)  # traced inside the block: the graph's message is redacted too
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"received id:\] \[30\] \[<redacted>\] \[Fix") as graph:
+            traced({"C1": tf.constant([1]), "C2": tf.constant([40]), "C3": tf.constant([0])})
+    assert "40" not in str(eager.value) and "[40]" not in str(graph.value)

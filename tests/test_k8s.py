@@ -306,3 +306,12 @@ def test_name_leaves_room_for_the_pod_and_service_names(workers, evaluator, room
     too_long = rf"\({room + 1} characters\), which makes .* shorten the name to at most {room} characters"
     with pytest.raises(ManifestError, match=too_long):
         tfjob_manifest(longest_ok + "j", IMAGE, COMMAND, workers=workers, ps=2, evaluator=evaluator)
+
+
+@pytest.mark.parametrize("cpu, threads", [("500m", 1), ("4", 4), ("2.5", 3), ("1500m", 2)])
+def test_the_cpu_request_sizes_the_servers_thread_pools(cpu, threads):
+    manifest = manifest_for("ctr", 2, 1, True, None, 2222, cpu, None, 0)
+    for rtype in ("Worker", "PS"):
+        assert {"name": "TF_PSX_INTRA_OP_THREADS", "value": str(threads)} in replica_container(manifest, rtype)["env"]
+    for rtype in ("Chief", "Evaluator"):  # the user's command: its threads are its own
+        assert all(e["name"] != "TF_PSX_INTRA_OP_THREADS" for e in replica_container(manifest, rtype)["env"])

@@ -124,3 +124,15 @@ def test_balanced_permutation_refuses_ids_out_of_range():
 def test_dynamic_embedding_without_unique_is_a_clear_error():
     with pytest.raises(ValueError, match=r"`with_unique` of DynamicEmbedding must be True.*Received: False\. Fix: drop"):
         tf_psx.layers.DynamicEmbedding(4, with_unique=False)
+
+
+def test_redaction_keeps_the_id_out_of_the_sharded_range_error(monkeypatch):
+    from tf_psx import redaction  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setenv(redaction.ENV, "1")
+    layer = tf_psx.layers.ShardedEmbedding(5, 2, name="users")
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"ShardedEmbedding `users`: ids must be in \[0, input_dim=5\); received id <redacted>\. Fix"):
+        layer(tf.constant([1, 7]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"received id\] \[<redacted>\] \[Fix"):
+        tf.function(layer)(tf.constant([1, 7]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -172,3 +173,35 @@ def test_tasks_die_with_a_killed_coordinator():
         time.sleep(0.2)
     alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert alive == []
+
+
+def test_task_thread_pools_are_checked_and_need_processes():
+    from tf_psx.server import INTRA_OP_ENV, server_config, threads_from_env, threads_per_task
+
+    config = server_config("ps", 2, inter_op_threads=3, intra_op_threads=1)
+    assert (config.inter_op_parallelism_threads, config.intra_op_parallelism_threads) == (3, 1)
+    # A worker never gets fewer inter-op threads than workers + 1 (the first step would deadlock).
+    assert server_config("worker", 4, inter_op_threads=2).inter_op_parallelism_threads == 5
+    assert threads_per_task(10 ** 6) == 1 and threads_per_task(1) >= 1
+    with pytest.raises(ValueError, match=r"`intra_op_threads` of LocalCluster must be an int >= 1.*Received: 0"):
+        tf_psx.LocalCluster(1, 1, processes=True, intra_op_threads=0)
+    with pytest.raises(ValueError, match=r"need processes=True. Received: intra_op_threads=2"):
+        tf_psx.LocalCluster(1, 1, intra_op_threads=2)
+    os.environ[INTRA_OP_ENV] = "two"
+    try:
+        with pytest.raises(ValueError, match=r"TF_PSX_INTRA_OP_THREADS must be an int >= 1. Received: 'two'"):
+            threads_from_env(INTRA_OP_ENV)
+    finally:
+        del os.environ[INTRA_OP_ENV]
+
+
+@pytest.mark.processes
+def test_task_processes_run_with_the_thread_pools_asked():
+    from tf_psx.server import threads_per_task
+
+    with tf_psx.LocalCluster(num_workers=1, num_ps=1, processes=True, inter_op_threads=3) as cluster:
+        logs = {task: open(cluster.log_path(*task), encoding="utf-8").read() for task in (("ps", 0), ("worker", 0))}
+    # "auto": the CPUs divided among 1 worker, 1 ps and the coordinator.
+    auto = threads_per_task(3)
+    for task, text in logs.items():
+        assert f"tf_psx.server threads: intra_op={auto} inter_op=3" in text, (task, text[-2000:])

@@ -485,11 +485,22 @@ def _add_launch(subparsers: Any) -> None:
         "--isolate", action="store_true", help="run the whole job in a private network namespace (Linux)"
     )
     parser.add_argument(
+        "--intra-op-threads", default="auto", metavar="N",
+        help="intra-op threads of each ps and worker task (default: auto, the CPUs divided among the tasks)",
+    )
+    parser.add_argument("--inter-op-threads", type=int, metavar="N",
+                        help="inter-op threads of each ps and worker task (default: TF's; workers at least N+1)")
+    parser.add_argument(
         "--metrics-port", type=int, metavar="P",
         help="serve Prometheus metrics of the tasks on P; the chief's ClusterMonitor serves training metrics on P+1",
     )
     parser.add_argument("command", nargs="*", metavar="CMD", help="after --: the chief's command")
     parser.set_defaults(run=_run_launch)
+
+
+def _int_or_word(text: str) -> int | str:
+    """An option that is an int or a word ("auto"): the int, or the text (the launcher refuses a bad one)."""
+    return int(text) if text.isdigit() else text
 
 
 def _run_launch(args: argparse.Namespace) -> int:
@@ -506,6 +517,8 @@ def _run_launch(args: argparse.Namespace) -> int:
             snapshot_dir=args.snapshot_dir,
             isolate=args.isolate,
             metrics_port=args.metrics_port,
+            intra_op_threads=_int_or_word(args.intra_op_threads),
+            inter_op_threads=args.inter_op_threads,
         )
         return launcher.run()
     except launch.LaunchError as err:

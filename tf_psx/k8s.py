@@ -34,6 +34,7 @@ from tf_psx import _checks
 from tf_psx._tf.runtime import GRPC_FAIL_FAST_ENV, GRPC_FAIL_FAST_VALUE
 from tf_psx.cluster import PORT_RANGE
 from tf_psx.errors import ManifestError
+from tf_psx.server import INTRA_OP_ENV as INTRA_OP_THREADS_ENV
 
 __all__ = ["ManifestError", "operator_tf_config", "tfjob_manifest"]
 
@@ -113,6 +114,8 @@ _DECIMAL = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
 _QUANTITY_RE = re.compile(rf"{_DECIMAL}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_DECIMAL}))?\Z")
 _EXAMPLE_NAME = "ctr-train"
 _QUANTITY_EXAMPLES = {"cpu": '"4" or "500m"', "memory": '"16Gi" or "512Mi"'}
+# Kubernetes quantity suffixes, for a CPU request written with one (rare beyond "m").
+_CPU_SUFFIXES = {"k": 1e3, "M": 1e6, "G": 1e9, "Ki": 1024.0, "Mi": 1024.0 ** 2, "Gi": 1024.0 ** 3}
 
 
 def _show(value: Any) -> str:
@@ -279,8 +282,21 @@ def _address(name: str, replica_type: str, index: int, namespace: str, port: int
     return f"{_service_name(name, replica_type, index)}.{namespace}.svc:{port}"
 
 
+def cpu_threads(quantity: str) -> int:
+    """The thread count of a CPU quantity: "500m" -> 1, "4" -> 4, "2.5" -> 3 (rounded up, at least 1)."""
+    import math  # pylint: disable=import-outside-toplevel
+
+    if quantity.endswith("m"):
+        cores = float(quantity[:-1]) / 1000
+    else:
+        number = re.match(r"[0-9.]+", quantity).group(0)
+        cores = float(number) * _CPU_SUFFIXES.get(quantity[len(number):], 1)
+    return max(1, math.ceil(cores))
+
+
 def _container(
-    image: str, command: list[str], port: int, requests: dict[str, str], limits: dict[str, Any]
+    image: str, command: list[str], port: int, requests: dict[str, str], limits: dict[str, Any],
+    threads: int | None = None,
 ) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
@@ -289,6 +305,9 @@ def _container(
         "ports": [{"name": PORT_NAME, "containerPort": port}],
         "env": [{"name": GRPC_FAIL_FAST_ENV, "value": GRPC_FAIL_FAST_VALUE}],
     }
+    if threads is not None:
+        # tf_psx.server sizes its intra-op pool to the CPU request, not to the node's cores.
+        container["env"].append({"name": INTRA_OP_THREADS_ENV, "value": str(threads)})
     resources = {key: dict(value) for key, value in (("requests", requests), ("limits", limits)) if value}
     if resources:
         container["resources"] = resources
@@ -390,7 +409,9 @@ def tfjob_manifest(
         replica_specs[rtype] = {
             "replicas": replicas,
             "restartPolicy": RESTART_POLICIES[rtype],
-            "template": {"spec": {"containers": [_container(image, runs, port, requests, limits)]}},
+            "template": {"spec": {"containers": [_container(
+                image, runs, port, requests, limits,
+                cpu_threads(requests["cpu"]) if "cpu" in requests and rtype in ("Worker", "PS") else None)]}},
         }
     metadata = {"name": name}
     if namespace is not None:

@@ -97,7 +97,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from tf_psx import _checks, _supervisor, doctor as _doctor, metrics as _metrics
+from tf_psx import _checks, _supervisor, doctor as _doctor, metrics as _metrics, server as _server
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig
 from tf_psx.errors import LaunchError
@@ -350,6 +350,11 @@ class Launcher:
         `ClusterMonitor` serves the training metrics. None: no metrics. A
         port in use is reported and the job runs without metrics.
       metrics_host: the address the launcher's endpoint listens on.
+      intra_op_threads: each ps and worker task's intra-op threads: an int
+        >= 1, or "auto" (default): the CPUs divided among every task of the
+        job (the chief and the evaluator included).
+      inter_op_threads: each ps and worker task's inter-op threads, or None
+        for the default (workers: at least one per worker plus one).
       out: where task output is streamed (stdout when None).
       err: where the launcher's own messages go (stderr when None).
 
@@ -372,6 +377,8 @@ class Launcher:
         err: TextIO | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",
+        intra_op_threads: int | str = "auto",
+        inter_op_threads: int | None = None,
     ):
         if isinstance(command, str) or not isinstance(command, Sequence) or not command or not all(
             isinstance(part, str) and part for part in command
@@ -403,6 +410,16 @@ class Launcher:
                 f"Received: {metrics_port!r}. Fix: pass e.g. --metrics-port 9400."
             )
         self.metrics_port, self.metrics_host = metrics_port, metrics_host
+        if intra_op_threads != "auto":
+            _checks.int_at_least(intra_op_threads, 1, "Option `--intra-op-threads`", error=LaunchError,
+                                 fix="pass e.g. --intra-op-threads 2, or auto")
+        if inter_op_threads is not None:
+            _checks.int_at_least(inter_op_threads, 1, "Option `--inter-op-threads`", error=LaunchError,
+                                 fix="pass e.g. --inter-op-threads 4")
+        tasks_here = self.num_workers + self.num_ps + 1 + int(self.evaluator)
+        self.intra_op_threads = (_server.threads_per_task(tasks_here) if intra_op_threads == "auto"
+                                 else int(intra_op_threads))
+        self.inter_op_threads = inter_op_threads
         self.metrics_server = None
         self._starts: dict[str, int] = {}
         if self.isolate and not sys.platform.startswith("linux"):
@@ -487,6 +504,9 @@ class Launcher:
             args += ["--snapshot-dir", self.snapshot_dir]
         if self.metrics_port is not None:
             args += ["--metrics-port", str(self.metrics_port)]
+        args += ["--intra-op-threads", str(self.intra_op_threads)]
+        if self.inter_op_threads is not None:
+            args += ["--inter-op-threads", str(self.inter_op_threads)]
         return [*args, "--", *self.command]
 
     def _run_isolated(self) -> int:
@@ -586,6 +606,9 @@ class Launcher:
         for task_type_, count in (("ps", self.num_ps), ("worker", self.num_workers)):
             for index in range(count):
                 env = _supervisor.server_env(base, self.config.to_json(task_type_, index))
+                env[_server.INTRA_OP_ENV] = str(self.intra_op_threads)
+                if self.inter_op_threads is not None:
+                    env[_server.INTER_OP_ENV] = str(self.inter_op_threads)
                 self._add_task(task_type_, index, server_argv, env)
         user_env = dict(base, **{SNAPSHOT_DIR_ENV: self.snapshot_dir, CHIEF_ATTEMPT_ENV: "0"})
         if self.metrics_port is not None:

@@ -15,7 +15,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import _checks
+from tf_psx import _checks, redaction as _redaction
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime, shadows as _shadows, tfra as _tfra
 
 __all__ = ["ShardedEmbedding", "FeatureEmbeddings", "DynamicEmbedding", "DynamicFeatureEmbeddings",
@@ -157,12 +157,13 @@ class ShardedEmbedding(_keras.layers.Embedding):
         if tf.executing_eagerly():
             if bool(tf.reduce_any(bad)):
                 raise tf.errors.InvalidArgumentError(
-                    None, None, f"{self._range_message()} {int(first_bad[0])}. {_RANGE_FIX}"
+                    None, None, f"{self._range_message()} {_redaction.show(str(int(first_bad[0])))}. {_RANGE_FIX}"
                 )
             return tf.no_op()
+        shown = _redaction.REDACTED if _redaction.enabled() else first_bad
         return tf.debugging.Assert(
             tf.logical_not(tf.reduce_any(bad)),
-            [self._range_message(), first_bad, _RANGE_FIX],
+            [self._range_message(), shown, _RANGE_FIX],
             summarize=1,
         )
 
@@ -347,11 +348,12 @@ class FeatureEmbeddings(ShardedEmbedding):
             if bool(tf.reduce_any(bad)):
                 raise tf.errors.InvalidArgumentError(
                     None, None, f"{prefix} `{name.numpy().decode()}` must be in [0, {int(size)}); received id "
-                    f"{int(every[first])}. {fix}")
+                    f"{_redaction.show(str(int(every[first])))}. {fix}")
             return tf.no_op()
+        shown = _redaction.REDACTED if _redaction.enabled() else every[first]
         return tf.debugging.Assert(
             tf.logical_not(tf.reduce_any(bad)),
-            [prefix, name, "must be in [0, size); size, received id:", size, every[first], fix], summarize=1)
+            [prefix, name, "must be in [0, size); size, received id:", size, shown, fix], summarize=1)
 
     def call(self, inputs):
         check_feature_dict("FeatureEmbeddings", self.name, inputs, self.features)

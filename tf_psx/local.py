@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Any
 
-from tf_psx import _checks, _supervisor
+from tf_psx import _checks, _supervisor, server as _server
 from tf_psx._tf import runtime as _runtime
 from tf_psx.cluster import ClusterConfig
 from tf_psx.errors import TaskFailedError
@@ -96,6 +96,13 @@ class LocalCluster:
         logs (they log to this process), so `log_dir` needs `processes=True`.
       start_timeout_s: how long to wait for every task to listen before
         raising `TaskFailedError` (process tasks).
+      intra_op_threads: each task process's intra-op threads: an int >= 1,
+        or "auto" (default): this machine's CPUs divided among the tasks and
+        the coordinator, so that they do not fight for cores.
+      inter_op_threads: each task process's inter-op threads (int >= 1), or
+        None for the default (workers: at least one per worker plus one).
+        Both need `processes=True` when not the default: in-process servers
+        share this process's thread pools.
 
     Attributes:
       config: the `ClusterConfig` of the cluster (loopback addresses).
@@ -126,6 +133,8 @@ class LocalCluster:
         processes: bool = False,
         log_dir: str | None = None,
         start_timeout_s: float = TASK_START_TIMEOUT_S,
+        intra_op_threads: int | str = "auto",
+        inter_op_threads: int | None = None,
     ):
         self.num_workers = _checks.int_at_least(num_workers, 1, "num_workers", fix="pass LocalCluster(num_workers=1) or more")
         self.num_ps = _checks.int_at_least(num_ps, 1, "num_ps", fix="pass LocalCluster(num_ps=1) or more")
@@ -146,6 +155,21 @@ class LocalCluster:
                 f"Argument `start_timeout_s` must be a number of seconds > 0. Received: {start_timeout_s!r}."
             )
         self.start_timeout_s = float(start_timeout_s)
+        if intra_op_threads != "auto":
+            _checks.int_at_least(intra_op_threads, 1, "intra_op_threads", owner="LocalCluster",
+                                 fix='pass an int >= 1, or "auto" to divide the CPUs among the tasks')
+        _checks.int_at_least(inter_op_threads, 1, "inter_op_threads", owner="LocalCluster", or_none=True,
+                             fix="pass an int >= 1, or None for the default")
+        if not self.processes and (intra_op_threads != "auto" or inter_op_threads is not None):
+            raise ValueError(
+                "Arguments `intra_op_threads` and `inter_op_threads` of LocalCluster set each task process's "
+                f"thread pools and need processes=True. Received: intra_op_threads={intra_op_threads!r}, "
+                f"inter_op_threads={inter_op_threads!r} with processes=False. Fix: pass processes=True, or "
+                "set this process's pools with tf.config.threading before the cluster starts."
+            )
+        self.intra_op_threads = (_server.threads_per_task(self.num_workers + self.num_ps + 1)
+                                 if intra_op_threads == "auto" else int(intra_op_threads))
+        self.inter_op_threads = inter_op_threads
         self._log_dir_arg = log_dir
         self.log_dir: str | None = None
         self.config: ClusterConfig | None = None
@@ -269,6 +293,9 @@ class LocalCluster:
         keys += [("worker", i) for i in range(self.num_workers)]
         for task_type, index in keys:
             env = _supervisor.server_env(os.environ, self.config.to_json(task_type, index))
+            env[_server.INTRA_OP_ENV] = str(self.intra_op_threads)
+            if self.inter_op_threads is not None:
+                env[_server.INTER_OP_ENV] = str(self.inter_op_threads)
             task = _supervisor.TaskProcess(
                 task_type, index, [sys.executable, "-m", "tf_psx.server"], env, self.log_path(task_type, index)
             )

@@ -24,6 +24,41 @@ READY_MARK = "tf_psx.server ready"
 MIN_WORKER_INTER_OP_THREADS_EXTRA = 1
 # How often the main thread wakes to notice a signal while it waits.
 SIGNAL_POLL_S = 1.0
+# Per-task TF thread pools (LocalCluster, the launcher and the k8s manifests set
+# them); unset: intra-op = the CPUs this process may use (its affinity, capped
+# by a cgroup CPU limit), inter-op = TF's default (workers: see below).
+INTRA_OP_ENV = "TF_PSX_INTRA_OP_THREADS"
+INTER_OP_ENV = "TF_PSX_INTER_OP_THREADS"
+_CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+
+
+def available_cpus() -> int:
+    """The CPUs this process may use: its affinity, capped by a cgroup v2 CPU limit (a container's)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        with open(_CGROUP_CPU_MAX, encoding="ascii") as handle:
+            quota, period = handle.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cpus)
+
+
+def threads_per_task(tasks_on_host: int) -> int:
+    """Intra-op threads for each of `tasks_on_host` tasks sharing this host's CPUs (at least 1)."""
+    return max(1, available_cpus() // max(1, tasks_on_host))
+
+
+def threads_from_env(name: str) -> int | None:
+    """The thread count in environment variable `name`, or None; ValueError naming it if malformed."""
+    text = os.environ.get(name, "")
+    if text == "":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"The environment variable {name} must be an int >= 1. Received: {text!r}. "
+                         f"Fix: unset it or set e.g. {name}=2.")
+    return int(text)
 
 
 def worker_inter_op_threads(num_workers: int) -> int:
@@ -31,24 +66,33 @@ def worker_inter_op_threads(num_workers: int) -> int:
     return max(num_workers + MIN_WORKER_INTER_OP_THREADS_EXTRA, os.cpu_count() or 1)
 
 
-def server_config(task_type: str, num_workers: int, inter_op_threads: int | None = None):
-    """Returns the ConfigProto for a task: enough inter-op threads on workers.
+def server_config(task_type: str, num_workers: int, inter_op_threads: int | None = None,
+                  intra_op_threads: int | None = None):
+    """Returns the ConfigProto for a task: enough inter-op threads on workers, the thread counts asked.
 
     Args:
       task_type: "worker" or "ps".
       num_workers: the number of workers in the cluster.
-      inter_op_threads: the worker's inter-op threads; `worker_inter_op_threads`
-        when None.
+      inter_op_threads: the inter-op threads; on a worker at least
+        `num_workers + 1` (fewer deadlock the first step) and
+        `worker_inter_op_threads` when None; on a ps TF's default when None.
+      intra_op_threads: the intra-op threads; TF's default (every core) when None.
 
     Returns:
-      A `tf.compat.v1.ConfigProto`, or None for a ps task (TF defaults).
+      A `tf.compat.v1.ConfigProto`, or None for a ps task with nothing asked (TF defaults).
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    if task_type != "worker":
+    if task_type != "worker" and inter_op_threads is None and intra_op_threads is None:
         return None
     config = tf.compat.v1.ConfigProto()
-    config.inter_op_parallelism_threads = inter_op_threads or worker_inter_op_threads(num_workers)
+    if task_type == "worker":
+        config.inter_op_parallelism_threads = (max(inter_op_threads, num_workers + MIN_WORKER_INTER_OP_THREADS_EXTRA)
+                                               if inter_op_threads else worker_inter_op_threads(num_workers))
+    elif inter_op_threads:
+        config.inter_op_parallelism_threads = inter_op_threads
+    if intra_op_threads:
+        config.intra_op_parallelism_threads = intra_op_threads
     return config
 
 
@@ -86,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"received {config.task_type!r}. Fix: the chief runs your training script, "
                 "not tf_psx.server."
             )
-    except TFConfigError as err:
+        intra_op = threads_from_env(INTRA_OP_ENV) or available_cpus()
+        inter_op = threads_from_env(INTER_OP_ENV)
+    except (TFConfigError, ValueError) as err:
         print(f"tf_psx.server: {err}", file=sys.stderr, flush=True)
         return 2
 
@@ -114,11 +160,14 @@ def main(argv: list[str] | None = None) -> int:
         config.cluster_spec(),
         job_name=config.task_type,
         task_index=config.task_index,
-        config=server_config(config.task_type, config.num_workers),
+        config=server_config(config.task_type, config.num_workers, inter_op, intra_op),
         protocol="grpc",
         start=True,
     )
     info_path = _write_info(config)
+    effective = server_config(config.task_type, config.num_workers, inter_op, intra_op)
+    print(f"tf_psx.server threads: intra_op={intra_op} inter_op="
+          f"{effective.inter_op_parallelism_threads or 'TF default'}", flush=True)
     print(f"{READY_MARK} {config.task_type}:{config.task_index} pid={os.getpid()}", flush=True)
     while not stop.wait(SIGNAL_POLL_S):
         pass

@@ -43,7 +43,7 @@ from typing import IO, Any, Callable, Literal, Sequence, Union, get_args
 
 import numpy as np
 
-from tf_psx import _checks
+from tf_psx import _checks, redaction as _redaction
 from tf_psx._tf import data as _tf_data
 
 __all__ = [
@@ -427,7 +427,7 @@ def _problem(line: bytes, layout: str) -> str | None:
 
 
 def _quote(value: bytes) -> str:
-    return repr(value[:_QUOTE_CHARS].decode("utf-8", "replace"))
+    return _redaction.show(repr(value[:_QUOTE_CHARS].decode("utf-8", "replace")))
 
 
 # --- keys and files ---
@@ -528,13 +528,14 @@ def _detect(path: str, fmt: str) -> tuple[str, bool]:
         received = first.rstrip(b"\r\n").decode("utf-8", "replace")
         if fmt == "tsv":
             raise ValueError(
-                f"{path}: format='tsv' but the file starts with a CSV header ({received[:_QUOTE_CHARS]!r}). "
+                f"{path}: format='tsv' but the file starts with a CSV header "
+                f"({_redaction.show(repr(received[:_QUOTE_CHARS]))}). "
                 "Fix: pass format='csv' or format='auto'."
             )
         if received != CSV_HEADER:
             raise ValueError(
                 f"{path}: the CSV header must be {CSV_HEADER!r} (columns are read by position); "
-                f"received {received[:_QUOTE_CHARS]!r}. Fix: write the columns in this order."
+                f"received {_redaction.show(repr(received[:_QUOTE_CHARS]))}. Fix: write the columns in this order."
             )
         return "csv", True
     if fmt != "auto":
