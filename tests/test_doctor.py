@@ -15,7 +15,7 @@ from tf_psx import callbacks as cb, doctor
 
 from conftest import run_script
 
-STEPS = 3000  # tests/scripts/stall_doctor.py
+STEPS = 300  # tests/scripts/stall_doctor.py
 
 
 @pytest.mark.processes
@@ -28,7 +28,7 @@ def test_a_frozen_worker_is_reported_and_fit_completes_after_it_runs_again():
     assert out["iterations"] == STEPS and out["events"]["reported"]
     # One report for the one stall.
     (report,) = out["reports"]
-    assert re.search(r"no step finished for \d+\.\d s \(timeout 6 s\); 1 closure\(s\) in flight, \d+ queued", report)
+    assert re.search(r"no step finished for \d+\.\d s \(timeout 10 s\); 1 closure\(s\) in flight, \d+ queued", report)
     # The closure table: worker 0 holds a train step, first attempt.
     assert re.search(r"worker:0  runs \S*train_function\S*  since \d\d:\d\d:\d\d \(\d+\.\d s\)  attempt 1", report)
     # The frozen task stands out; the ps is not frozen.

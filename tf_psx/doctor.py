@@ -146,10 +146,10 @@ class StallWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._reported_at: int | None = None  # table.finished when the last report was made
+        self._idle_at = time.monotonic()  # the last check that found nothing pending
 
     def start(self) -> "StallWatch":
-        with self.table.lock:
-            self.table.last_progress = time.monotonic()  # a new watch does not inherit an old silence
+        self._idle_at = time.monotonic()  # a new watch does not inherit an old silence
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, daemon=True, name="tf_psx.StallWatch")
         self._thread.start()
@@ -175,10 +175,16 @@ class StallWatch:
     def check(self) -> str | None:
         """Reports if the coordinator is stalled now (and was not reported yet); returns the report."""
         inflight, queued = self.table.pending(self.coordinator)
+        now = time.monotonic()
+        if not (inflight or queued):
+            # Nothing to wait for is no stall (e.g. the coordinator tracing the first step):
+            # the silence that counts starts once something is pending.
+            self._idle_at = now
+            return None
         with self.table.lock:
-            silent_s = time.monotonic() - self.table.last_progress
+            silent_s = now - max(self.table.last_progress, self._idle_at)
             finished = self.table.finished
-        if not (inflight or queued) or silent_s < self.timeout_s or self._reported_at == finished:
+        if silent_s < self.timeout_s or self._reported_at == finished:
             return None
         self._reported_at = finished
         report = self.report(silent_s, inflight, queued)
