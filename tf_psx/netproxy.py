@@ -1,4 +1,4 @@
-"""A userspace TCP relay that delays traffic: network latency without `tc netem`.
+"""Userspace TCP relays: network latency without `tc netem` (`DelayProxy`), and TLS tunnels (`TLSTunnel`).
 
 `DelayProxy` listens on one address per route and relays every connection to
 the route's target, holding each chunk of bytes for `delay_ms` in each
@@ -40,6 +40,12 @@ its byte counts when SIGTERM or SIGINT stop it):
 
     python -m tf_psx.netproxy --delay-ms 20 10.0.0.254:2222=10.0.0.1:2222
 
+`TLSTunnel` is the same relay with mutual TLS on one side (encrypted links
+between hosts, only holders of a certificate of the cluster's CA get in):
+
+    python -m tf_psx.netproxy --tls accept --cert task.pem --key task.key --ca ca.pem 0.0.0.0:3222=127.0.0.1:2222
+    python -m tf_psx.netproxy --tls connect --cert client.pem --key client.key --ca ca.pem 127.0.0.1:4222=host1:3222
+
 Known limitations:
   * One thread per connection direction: meant for the few long-lived gRPC
     connections of a test cluster, not for thousands of clients.
@@ -51,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import signal
 import socket
@@ -253,6 +260,200 @@ class DelayProxy:
             _close_quietly(source)
 
 
+# ----------------------------------------------------------------------------
+# TLS tunnels
+
+
+# TLS below 1.2 is broken; every Python 3.11 build has 1.2 and 1.3.
+_MIN_TLS = "TLSv1_2"
+
+
+def tls_context(side: str, cert: str, key: str, ca: str):
+    """A mutual-TLS `ssl.SSLContext` for one side of a tunnel.
+
+    Both sides present a certificate signed by the cluster's CA and accept
+    only peers that do: trust is "holds a certificate of this cluster's CA",
+    not a host name (`check_hostname` is off), so one CA and one certificate
+    per task (or per cluster) are enough.
+
+    Args:
+      side: "accept" (the end in front of a task's port) or "connect" (the
+        end a local client talks to).
+      cert, key: this side's certificate and private key (PEM files).
+      ca: the CA certificate (PEM) that signed every certificate of the cluster.
+
+    Raises:
+      ValueError: a bad `side`; OSError or ssl.SSLError naming the file that
+        cannot be read.
+    """
+    import ssl  # pylint: disable=import-outside-toplevel
+
+    if side not in ("accept", "connect"):
+        raise ValueError(f'Argument `side` of tls_context must be "accept" or "connect". Received: {side!r}.')
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if side == "accept" else ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = getattr(ssl.TLSVersion, _MIN_TLS)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_REQUIRED
+    for path, what in ((cert, "certificate"), (key, "private key"), (ca, "CA certificate")):
+        if not os.path.isfile(path):
+            raise OSError(f"The TLS {what} file {path!r} does not exist. Fix: pass the PEM file's path.")
+    context.load_cert_chain(cert, key)
+    context.load_verify_locations(ca)
+    return context
+
+
+class TLSTunnel:
+    """Relays TCP connections with TLS on one side: in front of a task, or towards one.
+
+    An "accept" tunnel listens with TLS (mutual: the client must show a
+    certificate of the cluster's CA) and forwards plain bytes to a local
+    port; a "connect" tunnel listens in plain (on loopback) and forwards
+    over TLS to an "accept" tunnel. Put an accept tunnel in front of each
+    task's port on every host and point local clients at connect tunnels:
+    the bytes between hosts are encrypted and only holders of a cluster
+    certificate get through. One asyncio loop on one thread serves every
+    connection (OpenSSL objects must not be shared between threads).
+
+    Args:
+      routes: {listen address: target address}, as for `DelayProxy`.
+      side: "accept" or "connect".
+      context: the `ssl.SSLContext` of that side (`tls_context`).
+
+    Known limitations:
+      * TensorFlow's gRPC server still listens in plain on every interface
+        (its bind address is fixed); the tunnel encrypts the traffic that
+        goes through it, and only a firewall, a network policy or a network
+        namespace (`tf-psx launch --isolate`) keeps other hosts off the
+        plain port. `tf-psx launch` and the k8s manifests do not set the
+        tunnels up yet.
+    """
+
+    def __init__(self, routes: Mapping, side: str, context):
+        if side not in ("accept", "connect"):
+            raise ValueError(f'Argument `side` of TLSTunnel must be "accept" or "connect". Received: {side!r}.')
+        self.side, self.context = side, context
+        # The checks and the counters of DelayProxy's routes, without its threads.
+        self._routes = DelayProxy(routes, 0)._routes  # pylint: disable=protected-access  (its own module)
+        self._loop = None
+        self._thread: threading.Thread | None = None
+        self._servers: list = []
+        self._writers: set = set()
+        self._lock = threading.Lock()
+        self.refused: list[str] = []  # TLS handshakes that failed (no or a foreign certificate)
+
+    def _on_loop_error(self, loop, context) -> None:
+        del loop
+        error = context.get("exception")
+        with self._lock:
+            self.refused.append(f"{context.get('message', 'error')}: {error!r}")
+
+    def start(self) -> "TLSTunnel":
+        import asyncio  # pylint: disable=import-outside-toplevel
+
+        self._loop = asyncio.new_event_loop()
+        self._loop.set_exception_handler(self._on_loop_error)
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        def run():
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._loop.run_until_complete(self._listen())
+            except OSError as err:
+                failure.append(err)
+            started.set()
+            if not failure:
+                self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, daemon=True, name="tf_psx.netproxy.TLSTunnel")
+        self._thread.start()
+        started.wait(CONNECT_TIMEOUT_S)
+        if failure:
+            self.close()
+            raise failure[0]
+        return self
+
+    async def _listen(self) -> None:
+        import asyncio  # pylint: disable=import-outside-toplevel
+
+        for route in self._routes:
+            try:
+                server = await asyncio.start_server(
+                    lambda r, w, route=route: self._relay(route, r, w), route.listen[0], route.listen[1],
+                    ssl=self.context if self.side == "accept" else None,
+                    ssl_handshake_timeout=CONNECT_TIMEOUT_S if self.side == "accept" else None)
+            except OSError as err:
+                raise OSError(err.errno, f"TLSTunnel cannot listen on {route.listen[0]}:{route.listen[1]}: "
+                                         f"{err.strerror}. Fix: pick a free port on an address of this host.") from err
+            route.bound = server.sockets[0].getsockname()[:2]
+            self._servers.append(server)
+
+    async def _relay(self, route: _Route, reader, writer) -> None:
+        import asyncio  # pylint: disable=import-outside-toplevel
+
+        try:
+            target_reader, target_writer = await asyncio.wait_for(asyncio.open_connection(
+                route.target[0], route.target[1], ssl=self.context if self.side == "connect" else None,
+                server_hostname="" if self.side == "connect" else None), CONNECT_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError) as err:
+            with self._lock:
+                route.errors.append(f"connect to {route.target[0]}:{route.target[1]}: {err!r}")
+            writer.close()
+            return
+        with self._lock:
+            route.connections += 1
+            self._writers.update((writer, target_writer))
+
+        async def pump(source, sink, field):
+            try:
+                while data := await source.read(CHUNK_BYTES):
+                    with self._lock:
+                        setattr(route, field, getattr(route, field) + len(data))
+                    sink.write(data)
+                    await sink.drain()
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pump(reader, target_writer, "bytes_up"), pump(target_reader, writer, "bytes_down"))
+
+    def address(self, index: int) -> tuple[str, int]:
+        return self._routes[index].bound
+
+    def stats(self) -> dict[str, dict]:
+        with self._lock:
+            return {f"{r.bound[0]}:{r.bound[1]}": {"target": f"{r.target[0]}:{r.target[1]}",
+                                                   "connections": r.connections, "bytes_up": r.bytes_up,
+                                                   "bytes_down": r.bytes_down, "errors": list(r.errors)}
+                    for r in self._routes}
+
+    def close(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        self._loop = None
+
+        def stop():
+            for server in self._servers:
+                server.close()
+            with self._lock:
+                writers = list(self._writers)
+            for writer in writers:
+                writer.close()
+            loop.stop()
+
+        loop.call_soon_threadsafe(stop)
+        if self._thread is not None:
+            self._thread.join(JOIN_TIMEOUT_S)
+
+    def __enter__(self) -> "TLSTunnel":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def _close_quietly(sock: socket.socket) -> None:
     try:
         sock.close()
@@ -263,7 +464,12 @@ def _close_quietly(sock: socket.socket) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`python -m tf_psx.netproxy --delay-ms MS LISTEN=TARGET ...`; runs until SIGTERM or SIGINT."""
     parser = argparse.ArgumentParser(prog="python -m tf_psx.netproxy", description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--delay-ms", type=float, required=True, help="one-way delay added to every byte")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay added to every byte")
+    parser.add_argument("--tls", choices=("accept", "connect"),
+                        help="a TLS tunnel instead: accept (TLS in, plain to the target) or connect (plain in, TLS out)")
+    parser.add_argument("--cert", help="with --tls: this side's certificate (PEM)")
+    parser.add_argument("--key", help="with --tls: this side's private key (PEM)")
+    parser.add_argument("--ca", help="with --tls: the cluster's CA certificate (PEM)")
     parser.add_argument("routes", nargs="+", metavar="LISTEN=TARGET", help="e.g. 10.0.0.254:2222=10.0.0.1:2222")
     args = parser.parse_args(argv)
     routes = {}
@@ -272,8 +478,13 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             parser.error(f"a route must be LISTEN=TARGET, e.g. 127.0.0.1:3222=127.0.0.1:2222; received {text!r}")
         routes[listen] = target
+    if args.tls and not (args.cert and args.key and args.ca):
+        parser.error("--tls needs --cert, --key and --ca (PEM files)")
     try:
-        proxy = DelayProxy(routes, args.delay_ms).start()
+        if args.tls:
+            proxy = TLSTunnel(routes, args.tls, tls_context(args.tls, args.cert, args.key, args.ca)).start()
+        else:
+            proxy = DelayProxy(routes, args.delay_ms).start()
     except (ValueError, OSError) as err:
         print(f"tf_psx.netproxy: {err}", file=sys.stderr, flush=True)
         return 2
