@@ -97,6 +97,18 @@ def _address(value, field: str) -> tuple[str, int]:
     return str(host).strip("[]"), port
 
 
+def _parse_routes(routes, owner: str) -> list:
+    """[_Route] of {listen: target}; ValueError naming `owner`, the route and the fix otherwise."""
+    if not isinstance(routes, Mapping) or not routes:
+        raise ValueError(
+            f"Argument `routes` of {owner} must be a non-empty dict {{listen: target}}. Received: {routes!r}. "
+            'Fix: pass e.g. {"127.0.0.1:3222": "127.0.0.1:2222"}.'
+        )
+    return [_Route(_address(listen, f"{owner} route listen address {listen!r}"),
+                   _address(target, f"{owner} route target of {listen!r}"))
+            for listen, target in routes.items()]
+
+
 class _Route:
     """One listening socket and the connections it relays."""
 
@@ -126,18 +138,11 @@ class DelayProxy:
     """
 
     def __init__(self, routes: Mapping, delay_ms: float):
-        if not isinstance(routes, Mapping) or not routes:
-            raise ValueError(
-                f"Argument `routes` of DelayProxy must be a non-empty dict {{listen: target}}. Received: {routes!r}. "
-                'Fix: pass e.g. {"127.0.0.1:3222": "127.0.0.1:2222"}.'
-            )
         if isinstance(delay_ms, bool) or not isinstance(delay_ms, (int, float)) or not delay_ms >= 0:
             raise ValueError(f"Argument `delay_ms` of DelayProxy must be a number >= 0. Received: {delay_ms!r}. "
                              "Fix: pass e.g. delay_ms=20.")
         self.delay_s = float(delay_ms) / 1000.0
-        self._routes = [_Route(_address(listen, f"DelayProxy route listen address {listen!r}"),
-                               _address(target, f"DelayProxy route target of {listen!r}"))
-                        for listen, target in routes.items()]
+        self._routes = _parse_routes(routes, "DelayProxy")
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
         self._sockets: list[socket.socket] = []
@@ -332,8 +337,7 @@ class TLSTunnel:
         if side not in ("accept", "connect"):
             raise ValueError(f'Argument `side` of TLSTunnel must be "accept" or "connect". Received: {side!r}.')
         self.side, self.context = side, context
-        # The checks and the counters of DelayProxy's routes, without its threads.
-        self._routes = DelayProxy(routes, 0)._routes  # pylint: disable=protected-access  (its own module)
+        self._routes = _parse_routes(routes, "TLSTunnel")
         self._loop = None
         self._thread: threading.Thread | None = None
         self._servers: list = []
