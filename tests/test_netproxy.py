@@ -15,6 +15,8 @@ import pytest
 
 from tf_psx.netproxy import READY_MARK, DelayProxy
 
+from echo_server import EchoServer
+
 DELAY_MS = 40
 # A delayed round trip crosses the proxy twice; scheduling can only add to it.
 MIN_EXTRA_RTT_S = 2 * DELAY_MS / 1000 * 0.95
@@ -23,35 +25,9 @@ PAYLOAD_BYTES = 3 * 1024 * 1024
 WAIT_S = 30
 
 
-class _Echo:
-    """A loopback echo server: every connection gets its bytes back, then EOF after the client's EOF."""
-
-    def __init__(self):
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.address = self.sock.getsockname()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
-
-    @staticmethod
-    def _echo(conn):
-        with conn:
-            while data := conn.recv(65536):
-                conn.sendall(data)
-
-    def close(self):
-        self.sock.close()
-
-
 @pytest.fixture(name="echo")
 def _echo_fixture():
-    server = _Echo()
+    server = EchoServer()
     yield server
     server.close()
 

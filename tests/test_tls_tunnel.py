@@ -7,11 +7,12 @@ import shutil
 import socket
 import ssl
 import subprocess
-import threading
 
 import pytest
 
 from tf_psx.netproxy import TLSTunnel, tls_context
+
+from echo_server import EchoServer
 
 WAIT_S = 30
 PAYLOAD = os.urandom(256 * 1024)
@@ -46,28 +47,6 @@ def _pki(tmp_path_factory):
             "rogue": _cert(directory, "rogue", "rogue-ca"), "rogue_ca": rogue_ca}
 
 
-class _Echo:
-    def __init__(self):
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.address = self.sock.getsockname()
-        self.received = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
-
-    def _echo(self, conn):
-        with conn:
-            while data := conn.recv(65536):
-                self.received += len(data)
-                conn.sendall(data)
-
-
 def _round_trip(address, payload=PAYLOAD) -> bytes:
     with socket.create_connection(address, timeout=WAIT_S) as client:
         client.sendall(payload)
@@ -81,7 +60,7 @@ def _round_trip(address, payload=PAYLOAD) -> bytes:
 
 
 def test_bytes_cross_two_tunnels_encrypted_and_whole(pki):
-    echo = _Echo()
+    echo = EchoServer()
     accept = TLSTunnel({"127.0.0.1:0": echo.address}, "accept", tls_context("accept", *pki["task"], pki["ca"])).start()
     connect = TLSTunnel({"127.0.0.1:0": accept.address(0)}, "connect",
                         tls_context("connect", *pki["client"], pki["ca"])).start()
@@ -93,12 +72,12 @@ def test_bytes_cross_two_tunnels_encrypted_and_whole(pki):
     finally:
         connect.close()
         accept.close()
-        echo.sock.close()
+        echo.close()
 
 
 @pytest.mark.parametrize("who", ["no certificate", "a foreign CA's certificate", "plain TCP"])
 def test_a_client_without_the_clusters_certificate_is_refused(pki, who):
-    echo = _Echo()
+    echo = EchoServer()
     accept = TLSTunnel({"127.0.0.1:0": echo.address}, "accept", tls_context("accept", *pki["task"], pki["ca"])).start()
     try:
         host, port = accept.address(0)
@@ -125,7 +104,7 @@ def test_a_client_without_the_clusters_certificate_is_refused(pki, who):
         assert route["connections"] == 0 and echo.received == 0
     finally:
         accept.close()
-        echo.sock.close()
+        echo.close()
 
 
 def test_a_missing_certificate_file_is_named(tmp_path):
