@@ -23,6 +23,7 @@ import os
 import random
 import re
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -167,3 +168,47 @@ def test_chief_kill_then_launch_again_resumes(tmp_path):
     result = _result(run)
     assert result["iterations"] == TOTAL and result["start_step"] == resumed, result
     assert launch.TRAINING_DONE_FILE not in os.listdir(snapshots)
+
+
+def _scale(log_dir, workers) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tf_psx.cli", "scale", str(log_dir), "--workers", str(workers)],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_scale_two_to_four_to_one_workers_ends_at_the_exact_step(tmp_path):
+    with LaunchRun(["--workers", "2", "--ps", "1", "--log-dir", str(tmp_path)], _train_args()) as run:
+        index, first = run.wait_for(START_RE)
+        index, _ = run.wait_for(STEP_RE, start=index, predicate=lambda m: _step(m) >= EVERY + 5)
+        before = max(_step(m) for m in map(STEP_RE.match, run.lines[: index + 1]) if m)
+        asked = _scale(tmp_path, 4)
+        assert asked.returncode == 0 and "for 4 workers" in asked.stdout, asked.stderr
+        index, _ = run.wait_for(r"^tf-psx launch: scaling from 2 to 4 workers", start=index)
+        index, _ = run.wait_for(r"^\[worker:3\] tf_psx.server ready worker:3", start=index)
+        index, second = run.wait_for(START_RE, start=index)
+        index, _ = run.wait_for(STEP_RE, start=index, predicate=lambda m: _step(m) >= _step(second) + EVERY + 5)
+        before_second = max(_step(m) for m in map(STEP_RE.match, run.lines[: index + 1]) if m)
+        assert _scale(tmp_path, 1).returncode == 0
+        index, _ = run.wait_for(r"^tf-psx launch: scaling from 4 to 1 workers", start=index)
+        index, third = run.wait_for(START_RE, start=index)
+        code = run.wait()
+    assert code == 0, run.output
+    # Each restart resumed from a snapshot and redid at most one interval.
+    for start, seen in ((second, before), (third, before_second)):
+        resumed = _step(start)
+        assert resumed > 0 and resumed % EVERY == 0 and 0 <= seen - resumed <= EVERY, (resumed, seen)
+    assert (first["attempt"], second["attempt"], third["attempt"]) == ("0", "1", "2")
+    result = _result(run)
+    assert result["iterations"] == TOTAL, result
+    # The last cluster line names one worker; the removed workers' processes are gone.
+    cluster = [line for line in run.lines if line.startswith("tf-psx launch: cluster:")][-1]
+    assert "worker:0" in cluster and "worker:1" not in cluster
+    assert json.loads((tmp_path / launch.PIDS_FILE).read_text()).keys() == {"ps:0", "worker:0", "chief:0"}
+
+
+def test_scale_refuses_zero_workers_and_a_directory_without_a_launcher(tmp_path):
+    result = _scale(tmp_path, 0)
+    assert result.returncode == 2 and "Option `--workers` must be an int >= 1. Received: 0" in result.stderr
+    result = _scale(tmp_path, 2)
+    assert result.returncode == 2 and f"No running tf-psx launch has the log directory '{tmp_path}'" in result.stderr
+    result = _scale(tmp_path, launch.MAX_WORKERS + 1)
+    assert result.returncode == 2 and f"must be at most {launch.MAX_WORKERS}" in result.stderr

@@ -271,7 +271,7 @@ def _check_fault_tolerance_launch(output: str, directory: str) -> None:
     assert "[chief:0] done, iterations = 100" in output, output[-3000:]
     assert "restarting" not in output
     logs = os.path.join(directory, "logs")
-    assert sorted(os.listdir(logs)) == ["chief-0.log", "ps-0.log", "snapshots", "task_pids.json", "worker-0.log", "worker-1.log"]
+    assert sorted(os.listdir(logs)) == ["chief-0.log", "launcher.json", "ps-0.log", "snapshots", "task_pids.json", "worker-0.log", "worker-1.log"]
     # PeriodicSync(20) wrote into the launcher's snapshot directory, the last one at step 100.
     steps = [int(name.rsplit("-", 1)[1]) for name in os.listdir(os.path.join(logs, "snapshots"))
              if re.fullmatch(r"snapshot-\d+", name)]

@@ -161,7 +161,7 @@ def test_streams_prefixed_output_keeps_logs_and_returns_the_chiefs_status(tmp_pa
     assert f"[chief:0] {probe}" in run.lines
     assert re.search(rf"chief:0 failed with exit status 3; logs in {logs}; its log is {logs}/chief-0.log", out)
     # Every task has a log file with its own output, unprefixed.
-    assert sorted(os.listdir(logs)) == ["chief-0.log", "ps-0.log", "task_pids.json", "worker-0.log", "worker-1.log"]
+    assert sorted(os.listdir(logs)) == ["chief-0.log", "launcher.json", "ps-0.log", "task_pids.json", "worker-0.log", "worker-1.log"]
     assert (logs / "chief-0.log").read_text().splitlines() == [probe]
     assert "tf_psx.server ready worker:1" in (logs / "worker-1.log").read_text()
     assert "[worker:1]" not in (logs / "worker-1.log").read_text()

@@ -10,6 +10,7 @@ Subcommands:
   launch   run a whole parameter-server job on this machine: start the ps
            and worker tasks, run the command as the chief, restart failed
            tasks (tf_psx/launch.py).
+  scale    change the worker count of a running launch job (tf_psx/launch.py).
   export   `--verify DIR`: check an exported model against its manifest
            (tf_psx/trail.py).
   doctor   check a cluster before a run: addresses reachable, the chief's
@@ -567,6 +568,34 @@ def _run_export(args: Any) -> int:
     return EXIT_OK
 
 
+def _add_scale(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "scale",
+        help="change the worker count of a running tf-psx launch job",
+        description=(
+            "Ask the tf-psx launch job whose log directory is LOG_DIR to run with N workers. The launcher "
+            "stops the chief and the servers, restarts the servers with the new TF_CONFIG and the chief, "
+            "which resumes from the newest PeriodicSync snapshot: the steps since that snapshot are trained "
+            "again. Example: tf-psx scale /tmp/tf_psx_launch_abc --workers 4"
+        ),
+    )
+    parser.add_argument("log_dir", metavar="LOG_DIR", help="the launcher's log directory (its \"cluster:\" line)")
+    parser.add_argument("--workers", required=True, type=int, metavar="N", help="the new number of workers")
+    parser.set_defaults(run=_run_scale)
+
+
+def _run_scale(args: argparse.Namespace) -> int:
+    from tf_psx import launch  # pylint: disable=import-outside-toplevel  (TF-free)
+
+    try:
+        pid = launch.request_scale(args.log_dir, args.workers)
+    except launch.LaunchError as err:
+        raise CommandError(str(err)) from None
+    print(f"tf-psx scale: asked the launcher (pid {pid}) for {args.workers} workers; it says \"scaled to "
+          f"{args.workers} workers\" once the chief runs again")
+    return 0
+
+
 def _add_doctor(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "doctor",
@@ -611,8 +640,8 @@ def _run_doctor(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-_SUBCOMMANDS: list[Callable[[Any], None]] = [_add_config, _add_k8s, _add_shard_report, _add_launch, _add_export,
-                                             _add_doctor]
+_SUBCOMMANDS: list[Callable[[Any], None]] = [_add_config, _add_k8s, _add_shard_report, _add_launch, _add_scale,
+                                             _add_export, _add_doctor]
 
 
 def _build_parser() -> argparse.ArgumentParser:

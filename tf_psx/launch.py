@@ -125,6 +125,11 @@ _ISOLATED_ENV = "TF_PSX_LAUNCH_ISOLATED"
 TRAINING_DONE_FILE = "TRAINING_DONE"
 # {task: pid} of every task, in LOG_DIR, for the stall doctor in the chief (tf_psx.doctor).
 PIDS_FILE = "task_pids.json"
+# The running launcher's pid, in LOG_DIR, and the request `tf-psx scale` leaves there.
+LAUNCHER_FILE = "launcher.json"
+SCALE_FILE = "scale.json"
+# The most workers a rescale may ask for (each takes a loopback port and a process).
+MAX_WORKERS = 256
 
 # A task restart or two (a preempted worker, an OOM-killed ps) is routine;
 # a task that keeps dying is a bug, and giving up after 3 shows its log within
@@ -646,6 +651,7 @@ class Launcher:
             )
         self._say(f"cluster: {self._address_list()}; logs in {self.log_dir}")
         self._serve_metrics()
+        _write_json(os.path.join(self.log_dir, LAUNCHER_FILE), {"pid": os.getpid(), "workers": self.num_workers})
         code = self._start_and_wait(self._servers(), "exited while starting")
         if code is not None:
             return code
@@ -658,6 +664,12 @@ class Launcher:
         while True:
             if self._signal is not None:
                 return self._on_signal(chief)
+            wanted = self._scale_request()
+            if wanted is not None:
+                code = self._rescale(wanted, chief)
+                if code is not None:
+                    return code
+                continue
             for task in self._servers("ps"):
                 if not task.alive():
                     code = self._recover_ps(task, chief)
@@ -707,6 +719,62 @@ class Launcher:
         self.metrics_server.set_source("launcher", samples)
         self._say(f"metrics: http://{self.metrics_host}:{self.metrics_server.port}/metrics (tasks); "
                   f"the chief's ClusterMonitor serves on port {self.metrics_port + 1}")
+
+    def _scale_request(self) -> int | None:
+        """The worker count `tf-psx scale` asked for (the request is consumed), or None."""
+        path = os.path.join(self.log_dir, SCALE_FILE)
+        if not os.path.exists(path):
+            return None
+        try:
+            with open(path, encoding="utf-8") as handle:
+                wanted = json.load(handle)["workers"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            self._say(f"error: ignoring the scale request {path}: {err}")
+            wanted = None
+        os.remove(path)
+        if wanted is None or not _checks.is_int_at_least(wanted, 1) or wanted > MAX_WORKERS:
+            self._say(f"error: ignoring the scale request for {wanted!r} workers: it must be an int in 1..{MAX_WORKERS}")
+            return None
+        return None if wanted == self.num_workers else int(wanted)
+
+    def _rescale(self, wanted: int, chief: _supervisor.TaskProcess) -> int | None:
+        """Restarts the job with `wanted` workers; the chief resumes from the newest snapshot.
+
+        TF2's ClusterCoordinator has a fixed worker list, so the chief stops
+        (steps since the newest snapshot are trained again), every server
+        restarts with the new TF_CONFIG, and the chief starts again. Returns
+        an exit status to give up with, or None.
+        """
+        before = self.num_workers
+        self._say(f"scaling from {before} to {wanted} workers: stopping the chief and the servers; the chief "
+                  f"resumes from the newest snapshot in {self.snapshot_dir}")
+        self._stop([chief])
+        self._stop(self._servers())
+        for index in range(wanted, before):
+            del self._tasks[("worker", index)]
+        workers = list(self.config.workers[:wanted])
+        if wanted > before:
+            workers += [f"{LOOPBACK}:{port}" for port in free_ports(wanted - before)]
+        self.num_workers = wanted
+        self.config = ClusterConfig(workers=workers, ps=self.config.ps, chief=self.config.chief,
+                                    evaluator=self.config.evaluator)
+        server_argv = [sys.executable, "-m", "tf_psx.server"]
+        base = dict(self._tasks[("ps", 0)].env)
+        for index in range(before, wanted):
+            self._add_task("worker", index, server_argv, dict(base))
+        for task in self._tasks.values():
+            task.env[TF_CONFIG_ENV] = self.config.to_json(task.task_type, task.index)
+        self._say(f"cluster: {self._address_list()}; logs in {self.log_dir}")
+        code = self._start_and_wait(self._servers(), "exited while rescaling")
+        if code is not None:
+            return code
+        if self._signal is not None:
+            return self._on_signal(chief)
+        chief.env[CHIEF_ATTEMPT_ENV] = str(int(chief.env.get(CHIEF_ATTEMPT_ENV, "0")) + 1)
+        self._spawn(chief)
+        _write_json(os.path.join(self.log_dir, LAUNCHER_FILE), {"pid": os.getpid(), "workers": wanted})
+        self._say(f"scaled to {wanted} workers")
+        return None
 
     def _address_list(self) -> str:
         jobs = self.config.as_dict()
@@ -791,11 +859,7 @@ class Launcher:
             ) from None
 
     def _write_pids(self) -> None:
-        pids = {task.name: task.pid for task in self._tasks.values() if task.pid is not None}
-        temporary = self._pids_file + ".tmp"
-        with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump(pids, handle)
-        os.replace(temporary, self._pids_file)
+        _write_json(self._pids_file, {task.name: task.pid for task in self._tasks.values() if task.pid is not None})
 
     def _start_and_wait(self, tasks: list[_supervisor.TaskProcess], what: str) -> int | None:
         """Starts `tasks` and waits until they listen; the exit status to give up with, or None."""
@@ -830,6 +894,39 @@ class Launcher:
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.metrics_server = None
+
+
+def _write_json(path: str, value) -> None:
+    """Writes `path` whole or not at all (a reader never sees half a file)."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(value, handle)
+    os.replace(temporary, path)
+
+
+def request_scale(log_dir: str, workers: Any) -> int:
+    """Asks the `tf-psx launch` running with `log_dir` to rescale to `workers`; returns the launcher's pid.
+
+    Raises:
+      LaunchError: a bad count, or no launcher running with that log directory.
+    """
+    _checks.int_at_least(workers, 1, "Option `--workers`", error=LaunchError,
+                         fix="pass e.g. --workers 2 (a job needs at least one worker)")
+    if workers > MAX_WORKERS:
+        raise LaunchError(f"Option `--workers` must be at most {MAX_WORKERS} (one loopback port and process each). "
+                          f"Received: {workers}. Fix: pass a smaller count.")
+    path = os.path.join(str(log_dir), LAUNCHER_FILE)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            pid = int(json.load(handle)["pid"])
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError) as err:
+        raise LaunchError(
+            f"No running tf-psx launch has the log directory {log_dir!r} ({path}: {err}). Fix: pass the LOG_DIR "
+            "the launcher printed in its \"cluster:\" line."
+        ) from None
+    _write_json(os.path.join(str(log_dir), SCALE_FILE), {"workers": int(workers)})
+    return pid
 
 
 def _copy_lines(stream, target, lock: threading.Lock) -> None:
