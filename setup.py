@@ -12,7 +12,7 @@ INSTALL_REQUIRES = [
     # TFRA 0.8.1 imports pkg_resources, which setuptools 80+ no longer ships.
     "setuptools<80",
     # The Prometheus endpoint (tf_psx.metrics) and the task memory and CPU it reports.
-    "prometheus-client>=0.17",
+    "prometheus-client>=0.20",
     "psutil>=5.9",
 ]
 

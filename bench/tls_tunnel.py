@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PAYLOAD_MB, ROUNDS, SMALL_TRIPS = 64, 3, 200
 CHUNK = 65536
+IO_TIMEOUT_S = 60  # a relay that stops forwarding fails the run instead of hanging it
 
 
 def _openssl(*args, cwd):
@@ -66,7 +67,7 @@ def _measure(address) -> tuple[float, float]:
     """(MB/s of the payload, median ms of a 1-byte round trip)."""
     payload = os.urandom(CHUNK)
     total = PAYLOAD_MB * 1024 * 1024
-    with socket.create_connection(address) as client:
+    with socket.create_connection(address, timeout=IO_TIMEOUT_S) as client:
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         trips = []
         for _ in range(SMALL_TRIPS):
@@ -84,9 +85,12 @@ def _measure(address) -> tuple[float, float]:
         sender.start()
         received = 0
         while received < total:
-            received += len(client.recv(CHUNK * 4))
+            data = client.recv(CHUNK * 4)
+            if not data:
+                raise SystemExit(f"{address}: the connection ended after {received} of {total} bytes")
+            received += len(data)
         seconds = time.perf_counter() - start
-        sender.join()
+        sender.join(IO_TIMEOUT_S)
     return PAYLOAD_MB / seconds, 1000 * statistics.median(trips)
 
 

@@ -126,3 +126,48 @@ def test_doctor_warns_about_tasks_beyond_loopback():
     lines, ok = doctor.check_cluster(json.dumps({"cluster": {"worker": ["192.0.2.1:2222"], "ps": ["192.0.2.2:2222"]}}))
     assert not ok
     assert any("2 task(s) listen beyond loopback" in line and "no authentication" in line for line in lines)
+
+
+class _FakeQueue:
+    """Stands in for TF's closure queue in a unit test of the report: one closure in flight."""
+
+    def __init__(self):
+        import queue  # pylint: disable=import-outside-toplevel
+        import threading  # pylint: disable=import-outside-toplevel
+
+        self.inflight_closure_count = 1
+        self._queue = queue.Queue()
+        self._queue_lock = threading.Lock()
+
+
+class _FakeCoordinator:
+    def __init__(self):
+        self._cluster = type("Cluster", (), {"workers": [], "closure_queue": _FakeQueue()})()
+
+
+def test_the_report_signals_only_server_tasks(tmp_path):
+    import time  # pylint: disable=import-outside-toplevel
+
+    # chief:0 is a user's script with no SIGUSR1 handler (SIGUSR1 would kill it); worker:0 dumps its stacks.
+    chief = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # pylint: disable=consider-using-with
+    worker_log = open(tmp_path / "worker.log", "w", encoding="utf-8")  # pylint: disable=consider-using-with
+    worker = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, "-c", "import faulthandler, signal, time; faulthandler.register(signal.SIGUSR1, "
+         "all_threads=True); print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, stderr=worker_log, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "up"
+        watch = doctor.StallWatch(_FakeCoordinator(), timeout_s=0.01,
+                                  pids=lambda: {"chief:0": chief.pid, "worker:0": worker.pid})
+        time.sleep(0.05)
+        report = watch.check()
+        assert report is not None and "1 closure(s) in flight" in report
+        assert f"chief:0  pid {chief.pid}" in report and f"worker:0  pid {worker.pid}" in report
+        time.sleep(1.0)
+        assert chief.poll() is None  # not signalled
+        assert worker.poll() is None and "(most recent call first)" in (tmp_path / "worker.log").read_text()
+        assert watch.check() is None  # one report per stall
+    finally:
+        for proc in (chief, worker):
+            proc.kill()
+            proc.wait()
+        worker_log.close()

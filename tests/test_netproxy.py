@@ -111,7 +111,11 @@ def test_the_command_reports_ready_and_its_byte_counts(echo):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        assert proc.stdout.readline().strip() == READY_MARK
+        ready = threading.Timer(WAIT_S, proc.kill)  # a proxy that never gets ready fails the test, not hangs it
+        ready.start()
+        line = proc.stdout.readline().strip()
+        ready.cancel()
+        assert line == READY_MARK
         assert _median_rtt(("127.0.0.1", port)) > 0
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=WAIT_S)

@@ -60,6 +60,7 @@ _HISTOGRAM_AT = 5
 # The gradient norms are summed in an int64 slot as integer multiples of this
 # (a millionth: norms below it read as 0; a sum up to 9e12 fits).
 _NORM_UNIT = 1e-6
+_NORM_MAX_UNITS = 1e15  # a norm of 1e9 per step; 9,000 such steps still fit in an int64
 _ROWS_AT = _HISTOGRAM_AT + STALENESS_BINS  # then one slot per embedding layer
 # The tensor of a TF2 checkpoint that holds its object graph (TF's
 # `trackable.base.OBJECT_GRAPH_PROTO_KEY`): reading it checks that the index
@@ -253,7 +254,9 @@ class _StepProbe:
         for index, touched in frame["rows"]:
             rows[index - _ROWS_AT] += touched
         norm = tf.add_n(frame["norms"]) if frame["norms"] else tf.constant(0.0)
-        norm = tf.cast(tf.round(tf.where(tf.math.is_finite(norm), norm, 0.0) / _NORM_UNIT), tf.int64)
+        # Non-finite norms count as 0 and huge ones are clipped, so that one step cannot spoil the sum.
+        norm = tf.clip_by_value(tf.where(tf.math.is_finite(norm), norm, 0.0) / _NORM_UNIT, 0.0, _NORM_MAX_UNITS)
+        norm = tf.cast(tf.round(norm), tf.int64)
         head = tf.stack([tf.constant(1, tf.int64), examples, staleness_sum, dropped, norm])
         return tf.concat([head, histogram, tf.stack(rows)] if rows else [head, histogram], 0)
 

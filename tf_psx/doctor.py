@@ -170,7 +170,10 @@ class StallWatch:
     def _run(self) -> None:
         poll = min(self.timeout_s * _POLL_SHARE, _MAX_POLL_S)
         while not self._stop.wait(poll):
-            self.check()
+            try:
+                self.check()
+            except Exception:  # pylint: disable=broad-except  (the watch must outlive one failed look)
+                logger.exception("tf_psx stall doctor: a check failed; it keeps watching")
 
     def check(self) -> str | None:
         """Reports if the coordinator is stalled now (and was not reported yet); returns the report."""
@@ -214,14 +217,17 @@ class StallWatch:
                 note = {"stopped": "  <- stopped (SIGSTOP?): it holds its closure and answers nothing",
                         "zombie": "  <- exited, not reaped", "gone": "  <- no such process"}.get(state, "")
                 lines.append(f"  {task}  pid {pids[task]}  {state}{note}")
-                if self.signal_tasks and state not in ("stopped", "zombie", "gone") and hasattr(signal, "SIGUSR1"):
+                # Only tf_psx.server tasks dump stacks on SIGUSR1: the chief (the user's
+                # script) and the evaluator would die of it.
+                is_server = task.split(":")[0] in ("ps", "worker") and pids[task] != os.getpid()
+                if self.signal_tasks and is_server and state not in ("stopped", "zombie", "gone"):
                     try:
                         os.kill(pids[task], STACKS_SIGNAL)
                     except OSError:
                         continue
             if self.signal_tasks:
-                lines.append(f"  (the running tasks were sent {STACKS_SIGNAL.name}: tf_psx.server writes its "
-                             "threads' stacks into its log)")
+                lines.append(f"  (the running ps and worker tasks were sent {STACKS_SIGNAL.name}: tf_psx.server "
+                             "writes its threads' stacks into its log)")
         else:
             lines.append("Task processes: unknown here (pass cluster=, or run under tf-psx launch).")
         lines.append(f"Stacks of this process (the coordinator), at {time.strftime('%H:%M:%S', time.localtime(now_wall))}:")

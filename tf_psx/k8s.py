@@ -115,7 +115,8 @@ _QUANTITY_RE = re.compile(rf"{_DECIMAL}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_DE
 _EXAMPLE_NAME = "ctr-train"
 _QUANTITY_EXAMPLES = {"cpu": '"4" or "500m"', "memory": '"16Gi" or "512Mi"'}
 # Kubernetes quantity suffixes, for a CPU request written with one (rare beyond "m").
-_CPU_SUFFIXES = {"k": 1e3, "M": 1e6, "G": 1e9, "Ki": 1024.0, "Mi": 1024.0 ** 2, "Gi": 1024.0 ** 3}
+_CPU_SUFFIXES = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "Ki": 1024.0, "Mi": 1024.0 ** 2,
+                 "Gi": 1024.0 ** 3}
 
 
 def _show(value: Any) -> str:
@@ -286,12 +287,9 @@ def cpu_threads(quantity: str) -> int:
     """The thread count of a CPU quantity: "500m" -> 1, "4" -> 4, "2.5" -> 3 (rounded up, at least 1)."""
     import math  # pylint: disable=import-outside-toplevel
 
-    if quantity.endswith("m"):
-        cores = float(quantity[:-1]) / 1000
-    else:
-        number = re.match(r"[0-9.]+", quantity).group(0)
-        cores = float(number) * _CPU_SUFFIXES.get(quantity[len(number):], 1)
-    return max(1, math.ceil(cores))
+    number = re.match(r"[0-9.]+(?:[eE][+-]?[0-9]+)?", quantity).group(0)
+    cores = float(number) * _CPU_SUFFIXES.get(quantity[len(number):], 1)
+    return max(1, math.ceil(cores - 1e-9))
 
 
 def _container(

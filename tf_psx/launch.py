@@ -421,9 +421,8 @@ class Launcher:
         if inter_op_threads is not None:
             _checks.int_at_least(inter_op_threads, 1, "Option `--inter-op-threads`", error=LaunchError,
                                  fix="pass e.g. --inter-op-threads 4")
-        tasks_here = self.num_workers + self.num_ps + 1 + int(self.evaluator)
-        self.intra_op_threads = (_server.threads_per_task(tasks_here) if intra_op_threads == "auto"
-                                 else int(intra_op_threads))
+        self._intra_auto = intra_op_threads == "auto"
+        self.intra_op_threads = self._auto_threads() if self._intra_auto else int(intra_op_threads)
         self.inter_op_threads = inter_op_threads
         self.metrics_server = None
         self._starts: dict[str, int] = {}
@@ -708,17 +707,23 @@ class Launcher:
         except _metrics.MetricsPortError as err:
             self._say(f"error: no metrics are served, the job runs without them: {err}")
             return
+        # The scrape runs on the server's thread while a rescale changes the tasks: it reads copies.
         sampler = _metrics.ProcessSampler(lambda: {task.name: task.pid if task.alive() else None
-                                                   for task in self._tasks.values()})
+                                                   for task in list(self._tasks.values())})
 
         def samples():
+            live = {task.name for task in list(self._tasks.values())}
             restarts = [("tf_psx_task_restarts", {"task": name, "role": name.split(":")[0]}, max(count - 1, 0))
-                        for name, count in sorted(self._starts.items())]
+                        for name, count in sorted(dict(self._starts).items()) if name in live]
             return sampler() + restarts
 
         self.metrics_server.set_source("launcher", samples)
         self._say(f"metrics: http://{self.metrics_host}:{self.metrics_server.port}/metrics (tasks); "
                   f"the chief's ClusterMonitor serves on port {self.metrics_port + 1}")
+
+    def _auto_threads(self) -> int:
+        """The intra-op threads of each server task: the CPUs divided among every task of the job."""
+        return _server.threads_per_task(self.num_workers + self.num_ps + 1 + int(self.evaluator))
 
     def _scale_request(self) -> int | None:
         """The worker count `tf-psx scale` asked for (the request is consumed), or None."""
@@ -731,7 +736,10 @@ class Launcher:
         except (OSError, ValueError, KeyError, TypeError) as err:
             self._say(f"error: ignoring the scale request {path}: {err}")
             wanted = None
-        os.remove(path)
+        try:
+            os.remove(path)
+        except OSError:
+            pass
         if wanted is None or not _checks.is_int_at_least(wanted, 1) or wanted > MAX_WORKERS:
             self._say(f"error: ignoring the scale request for {wanted!r} workers: it must be an int in 1..{MAX_WORKERS}")
             return None
@@ -762,8 +770,12 @@ class Launcher:
         base = dict(self._tasks[("ps", 0)].env)
         for index in range(before, wanted):
             self._add_task("worker", index, server_argv, dict(base))
+        if self._intra_auto:
+            self.intra_op_threads = self._auto_threads()
         for task in self._tasks.values():
             task.env[TF_CONFIG_ENV] = self.config.to_json(task.task_type, task.index)
+            if task.task_type in SERVER_TYPES:
+                task.env[_server.INTRA_OP_ENV] = str(self.intra_op_threads)
         self._say(f"cluster: {self._address_list()}; logs in {self.log_dir}")
         code = self._start_and_wait(self._servers(), "exited while rescaling")
         if code is not None:

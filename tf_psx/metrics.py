@@ -73,7 +73,7 @@ METRICS = {
     "tf_psx_snapshot_seconds": "seconds of the latest PeriodicSync snapshot, barrier included",
     "tf_psx_closure_retries": "steps the coordinator ran again after a worker failure, since fit began",
     "tf_psx_task_up": "1 while the task's process runs, 0 while it is down",
-    "tf_psx_task_restarts": "times the launcher restarted the task",
+    "tf_psx_task_restarts": "times the launcher started the task again (after a failure, a ps recovery or a rescale)",
     "tf_psx_task_rss_bytes": "resident memory of the task's process",
     "tf_psx_task_cpu_percent": "CPU of the task's process since the previous scrape (100 = one core)",
     "tf_psx_host_cpu_percent": "CPU of the whole host since the previous scrape (100 = every core busy)",
@@ -81,6 +81,7 @@ METRICS = {
 }
 
 Sample = tuple  # (metric name, {label: value}, float)
+_JOIN_TIMEOUT_S = 5.0  # close() waits this long for the server thread
 _SERVERS: dict[tuple[str, int], "MetricsServer"] = {}
 _SERVERS_LOCK = threading.Lock()
 
@@ -128,7 +129,8 @@ class MetricsServer:
                     errno.EADDRINUSE,
                     f"The metrics port {port} on {host} is already in use. "
                     "Fix: pass another port (or 0 for a free one), or stop what listens there.") from err
-            raise MetricsPortError(err.errno, f"Cannot serve metrics on {host}:{port}: {err.strerror}.") from err
+            raise MetricsPortError(err.errno, f"Cannot serve metrics on {host}:{port}: {err.strerror}. Fix: pass "
+                                              "an address of this host as the host (or 0.0.0.0) and a free port.") from err
         self.port = self._http.server_port
 
     def set_source(self, key: str, source: Callable[[], Iterable[Sample]]) -> None:
@@ -154,10 +156,13 @@ class MetricsServer:
                     self._failed.add(key)
                     logger.warning("tf_psx metrics: the source %s failed and is left out: %s", key, err)
                 continue
-            for name, labels, value in got:
-                if name not in METRICS:
-                    raise KeyError(f"tf_psx metrics: {name!r} is not in tf_psx.metrics.METRICS")
-                out.append((name, labels, value))
+            unknown = sorted({name for name, _, _ in got if name not in METRICS})
+            if unknown:  # a bug in the source, not data: said once, the rest of the scrape goes on
+                if key not in self._failed:
+                    self._failed.add(key)
+                    logger.warning("tf_psx metrics: the source %s gave metrics not in METRICS, left out: %s",
+                                   key, unknown)
+            out += [(name, labels, value) for name, labels, value in got if name in METRICS]
         return out
 
     def close(self) -> None:
@@ -167,7 +172,7 @@ class MetricsServer:
                 del _SERVERS[(self.host, self.port)]
         self._http.shutdown()
         self._http.server_close()
-        self._thread.join()
+        self._thread.join(_JOIN_TIMEOUT_S)
 
 
 def serve(port: int, host: str = DEFAULT_HOST) -> MetricsServer:

@@ -73,6 +73,8 @@ READY_MARK = "tf_psx.netproxy ready"
 CHUNK_BYTES = 65536
 # How long a relay thread waits before it checks whether the proxy closed.
 POLL_S = 0.2
+# Chunks read ahead of a slow sink, per direction (16 MB at most): then the reader waits.
+QUEUED_CHUNKS = 256
 # Connecting to a target: a task that is not up yet is a refused connection at once,
 # a host that does not answer is bounded by this.
 CONNECT_TIMEOUT_S = 10.0
@@ -218,13 +220,25 @@ class DelayProxy:
             with self._lock:
                 route.connections += 1
                 self._sockets += [client, upstream]
+                self._threads = [thread for thread in self._threads if thread.is_alive()]
             for sock in (client, upstream):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sock.settimeout(POLL_S)
+            ends = [0]  # directions finished; the second closes both sockets
             for source, sink, field in ((client, upstream, "bytes_up"), (upstream, client, "bytes_down")):
-                chunks: queue.Queue = queue.Queue()
+                chunks: queue.Queue = queue.Queue(maxsize=QUEUED_CHUNKS)
                 self._spawn(self._read, route, source, chunks, field)
-                self._spawn(self._write, sink, chunks, source)
+                self._spawn(self._write, sink, chunks, (client, upstream), ends)
+
+    def _put(self, chunks: queue.Queue, item) -> bool:
+        """Queues `item`, waiting while the queue is full (the sink is slow); False once closed."""
+        while not self._closed.is_set():
+            try:
+                chunks.put(item, timeout=POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def _read(self, route: _Route, source: socket.socket, chunks: queue.Queue, field: str) -> None:
         """Stamps each chunk with the time it may leave; None marks the end of the stream."""
@@ -239,11 +253,27 @@ class DelayProxy:
                 break
             with self._lock:
                 setattr(route, field, getattr(route, field) + len(data))
-            chunks.put((time.monotonic() + self.delay_s, data))
-        chunks.put(None)
+            if not self._put(chunks, (time.monotonic() + self.delay_s, data)):
+                return
+        self._put(chunks, None)
 
-    def _write(self, sink: socket.socket, chunks: queue.Queue, source: socket.socket) -> None:
-        while not self._closed.is_set():
+    def _send(self, sink: socket.socket, data: bytes) -> bool:
+        """Sends all of `data`; a peer slow to read is waited for (the socket's timeout is only a poll)."""
+        view = memoryview(data)
+        while view:
+            if self._closed.is_set():
+                return False
+            try:
+                view = view[sink.send(view):]
+            except socket.timeout:
+                continue
+            except OSError:
+                return False
+        return True
+
+    def _write(self, sink: socket.socket, chunks: queue.Queue, pair: tuple, ends: list) -> None:
+        ok = True
+        while ok and not self._closed.is_set():
             try:
                 item = chunks.get(timeout=POLL_S)
             except queue.Empty:
@@ -254,15 +284,20 @@ class DelayProxy:
             wait = due - time.monotonic()
             if wait > 0 and self._closed.wait(wait):
                 return
-            try:
-                sink.sendall(data)
-            except OSError:
-                break
+            ok = self._send(sink, data)
         # The peer finished sending (or the sink failed): pass the end on.
         try:
             sink.shutdown(socket.SHUT_WR)
         except OSError:
-            _close_quietly(source)
+            ok = False
+        with self._lock:
+            ends[0] += 1
+            done = ends[0] == 2 or not ok
+            if done:
+                self._sockets = [sock for sock in self._sockets if sock not in pair]
+        if done:
+            for sock in pair:
+                _close_quietly(sock)
 
 
 # ----------------------------------------------------------------------------
@@ -294,7 +329,8 @@ def tls_context(side: str, cert: str, key: str, ca: str):
     import ssl  # pylint: disable=import-outside-toplevel
 
     if side not in ("accept", "connect"):
-        raise ValueError(f'Argument `side` of tls_context must be "accept" or "connect". Received: {side!r}.')
+        raise ValueError(f'Argument `side` of tls_context must be "accept" or "connect". Received: {side!r}. '
+                         'Fix: "accept" in front of a task\'s port, "connect" for the clients of a remote one.')
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if side == "accept" else ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = getattr(ssl.TLSVersion, _MIN_TLS)
     context.check_hostname = False
@@ -335,7 +371,8 @@ class TLSTunnel:
 
     def __init__(self, routes: Mapping, side: str, context):
         if side not in ("accept", "connect"):
-            raise ValueError(f'Argument `side` of TLSTunnel must be "accept" or "connect". Received: {side!r}.')
+            raise ValueError(f'Argument `side` of TLSTunnel must be "accept" or "connect". Received: {side!r}. '
+                             'Fix: "accept" in front of a task\'s port, "connect" for the clients of a remote one.')
         self.side, self.context = side, context
         self._routes = _parse_routes(routes, "TLSTunnel")
         self._loop = None
@@ -371,7 +408,10 @@ class TLSTunnel:
 
         self._thread = threading.Thread(target=run, daemon=True, name="tf_psx.netproxy.TLSTunnel")
         self._thread.start()
-        started.wait(CONNECT_TIMEOUT_S)
+        if not started.wait(CONNECT_TIMEOUT_S):
+            self.close()
+            raise OSError(f"TLSTunnel did not listen within {CONNECT_TIMEOUT_S:g} s on "
+                          f"{', '.join(f'{r.listen[0]}:{r.listen[1]}' for r in self._routes)}.")
         if failure:
             self.close()
             raise failure[0]
@@ -387,6 +427,8 @@ class TLSTunnel:
                     ssl=self.context if self.side == "accept" else None,
                     ssl_handshake_timeout=CONNECT_TIMEOUT_S if self.side == "accept" else None)
             except OSError as err:
+                for started in self._servers:
+                    started.close()
                 raise OSError(err.errno, f"TLSTunnel cannot listen on {route.listen[0]}:{route.listen[1]}: "
                                          f"{err.strerror}. Fix: pick a free port on an address of this host.") from err
             route.bound = server.sockets[0].getsockname()[:2]
@@ -415,12 +457,16 @@ class TLSTunnel:
                         setattr(route, field, getattr(route, field) + len(data))
                     sink.write(data)
                     await sink.drain()
-            except (OSError, asyncio.IncompleteReadError):
-                pass
-            finally:
+                if sink.can_write_eof():  # pass the end on; the other direction may still answer
+                    sink.write_eof()
+            except (OSError, asyncio.IncompleteReadError, RuntimeError):
                 sink.close()
 
         await asyncio.gather(pump(reader, target_writer, "bytes_up"), pump(target_reader, writer, "bytes_down"))
+        for sink in (writer, target_writer):
+            sink.close()
+        with self._lock:
+            self._writers.difference_update((writer, target_writer))
 
     def address(self, index: int) -> tuple[str, int]:
         return self._routes[index].bound
@@ -447,9 +493,11 @@ class TLSTunnel:
                 writer.close()
             loop.stop()
 
-        loop.call_soon_threadsafe(stop)
-        if self._thread is not None:
+        if self._thread is not None and self._thread.is_alive():
+            loop.call_soon_threadsafe(stop)
             self._thread.join(JOIN_TIMEOUT_S)
+        if not loop.is_running():
+            loop.close()
 
     def __enter__(self) -> "TLSTunnel":
         return self.start()
