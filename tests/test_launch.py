@@ -298,7 +298,7 @@ def test_public_names_are_pinned():
 
     assert launch.__all__ == [
         "CHIEF_ATTEMPT_ENV", "LaunchError", "Launcher", "SNAPSHOT_DIR_ENV", "TRAINING_DONE_FILE",
-        "run_sidecar_evaluator", "snapshot_dir", "task_type",
+        "request_scale", "run_sidecar_evaluator", "snapshot_dir", "task_type",
     ]
     assert "launch" in tf_psx.__all__ and tf_psx.launch is launch
 

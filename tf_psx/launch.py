@@ -109,6 +109,7 @@ __all__ = [
     "Launcher",
     "SNAPSHOT_DIR_ENV",
     "TRAINING_DONE_FILE",
+    "request_scale",
     "run_sidecar_evaluator",
     "snapshot_dir",
     "task_type",
