@@ -803,3 +803,16 @@ def test_redaction_keeps_the_field_values_out_of_the_warnings(tmp_path, tsv_file
         f"{path}:8: skipped malformed line: I3 must be an integer of at most 31 characters, or empty; received <redacted>",
         f"{path}:13: skipped malformed line: label must be 0 or 1; received <redacted>",
     ]
+
+
+def test_the_readers_position_is_checkpointed_with_its_iterator(tmp_path, tsv_file):
+    # CoordinatorFeed saves the iterator with the weights: a restored iterator goes on with the next batch.
+    iterator = iter(criteo(tsv_file, 4))
+    next(iterator)
+    checkpoint = tf.train.Checkpoint(data=iterator)
+    saved = checkpoint.save(str(tmp_path / "position"))
+    expected = [next(iterator) for _ in range(2)]
+    checkpoint.restore(saved)
+    again = [next(iterator) for _ in range(2)]
+    for want, got in zip(tf.nest.flatten(expected), tf.nest.flatten(again)):
+        np.testing.assert_array_equal(want.numpy(), got.numpy())
