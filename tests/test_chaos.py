@@ -247,6 +247,9 @@ def test_a_coordinator_killed_mid_epoch_resumes_with_every_record_applied_once(t
     resumed = int(start["step"])
     assert resumed >= 40 and resumed % FEED_EVERY == 0, resumed
     assert result["done"] == FEED_RECORDS // FEED_BATCH
+    assert result["ended"] == (f"CoordinatorFeed.fit: the dataset ended after {FEED_RECORDS // FEED_BATCH} batches; "
+                               f"`steps` asked for {FEED_RECORDS // FEED_BATCH + 1}. Fix: add .repeat() to the "
+                               "dataset for more than one pass, or ask for fewer steps.")
     # Each record was applied exactly once in the final model: every row is -LR / BATCH
     # (a record fed twice would read -2 LR / BATCH, one skipped 0).
     rows = result["rows"]

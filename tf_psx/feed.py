@@ -136,8 +136,8 @@ class CoordinatorFeed:
             caller feed in small pieces; the steps then run on in the background.
 
         Raises:
-          ValueError: `steps` is not an int >= 0.
-          tf.errors.OutOfRangeError: the dataset ended first (add `.repeat()`).
+          ValueError: `steps` is not an int >= 0, or the dataset ended
+            before `steps` batches (the steps fed so far are checkpointed).
         """
         steps = _checks.int_at_least(steps, 0, "steps", owner="CoordinatorFeed.fit", fix="pass e.g. steps=1000")
         if self._done is None:
@@ -145,7 +145,15 @@ class CoordinatorFeed:
         done = self._done
         pending = self._pending
         while done < steps:
-            features, labels = next(self._iterator)
+            try:
+                features, labels = next(self._iterator)
+            except StopIteration:
+                self.coordinator.join()
+                self._manager.save(checkpoint_number=done)
+                raise ValueError(
+                    f"CoordinatorFeed.fit: the dataset ended after {done} batches; `steps` asked for {steps}. "
+                    "Fix: add .repeat() to the dataset for more than one pass, or ask for fewer steps."
+                ) from None
             # In the scope: the step's first trace builds the metrics' variables on the ps tasks.
             with self.strategy.scope():
                 pending.append(self.coordinator.schedule(self._step, args=(features, labels)))

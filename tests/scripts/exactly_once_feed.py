@@ -49,8 +49,14 @@ def main():
         done = feed.fit(done + 1, save_at_end=done + 1 == total)
         if args.step_sleep:
             time.sleep(args.step_sleep)
+    try:
+        feed.fit(total + 1)  # one pass only: the data ends first
+        ended = None
+    except ValueError as err:
+        ended = str(err)
     weights = model.get_layer("records").get_weights()[0][:, 0]
-    print("RESULT " + json.dumps({"start": start, "done": done, "rows": [float(w) for w in weights]}), flush=True)
+    print("RESULT " + json.dumps({"start": start, "done": done, "ended": ended, "rows": [float(w) for w in weights]}),
+          flush=True)
     return 0
 
 
