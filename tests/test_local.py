@@ -201,6 +201,9 @@ def test_task_processes_run_with_the_thread_pools_asked():
 
     with tf_psx.LocalCluster(num_workers=1, num_ps=1, processes=True, inter_op_threads=3) as cluster:
         logs = {task: open(cluster.log_path(*task), encoding="utf-8").read() for task in (("ps", 0), ("worker", 0))}
+        # The pids the stall doctor and ClusterMonitor's process metrics read.
+        assert cluster.task_pids() == {"ps:0": cluster.pid("ps", 0), "worker:0": cluster.pid("worker", 0)}
+    assert tf_psx.LocalCluster(1, 1).task_pids() == {}  # in-process: no task processes
     # "auto": the CPUs divided among 1 worker, 1 ps and the coordinator.
     auto = threads_per_task(3)
     for task, text in logs.items():

@@ -1221,12 +1221,8 @@ class ClusterMonitor(_RunCallback):
         self.metrics_server.set_source("ClusterMonitor", lambda: self._samples)
         logger.info("ClusterMonitor serves Prometheus metrics at http://%s:%d/metrics", self.metrics_host,
                     self.metrics_server.port)
-        cluster = self.cluster
-        if cluster is not None and cluster.processes:
-            config = cluster.config
-            tasks = [("ps", i) for i in range(config.num_ps)] + [("worker", i) for i in range(config.num_workers)]
-            self.metrics_server.set_source("LocalCluster", _metrics.ProcessSampler(
-                lambda: {f"{kind}:{i}": _pid_or_none(cluster, kind, i) for kind, i in tasks}))
+        if self.cluster is not None and self.cluster.processes:
+            self.metrics_server.set_source("LocalCluster", _metrics.ProcessSampler(self.cluster.task_pids))
 
     # -- measurements ---------------------------------------------------------
 
@@ -1427,13 +1423,6 @@ class ClusterMonitor(_RunCallback):
             except psutil.NoSuchProcess:  # a task that is down right now (ZombieProcess included)
                 continue
         return values
-
-
-def _pid_or_none(cluster, kind: str, index: int) -> int | None:
-    try:
-        return cluster.pid(kind, index)
-    except Exception:  # pylint: disable=broad-except  (a task being restarted has no process right now)
-        return None
 
 
 # ClusterMonitor tag -> (Prometheus metric, label name of the tag's middle part, scale).

@@ -74,16 +74,10 @@ def pids_from_file(path: str | None = None) -> dict[str, int]:
 
 
 def _cluster_pids(cluster) -> dict[str, int]:
+    """The running task processes of a `LocalCluster(processes=True)`, or {}."""
     if cluster is None or not getattr(cluster, "processes", False):
         return {}
-    pids = {}
-    for kind, count in (("worker", cluster.config.num_workers), ("ps", cluster.config.num_ps)):
-        for index in range(count):
-            try:
-                pids[f"{kind}:{index}"] = int(cluster.pid(kind, index))
-            except Exception:  # pylint: disable=broad-except  (a task being restarted has no pid now)
-                continue
-    return pids
+    return {task: pid for task, pid in cluster.task_pids().items() if pid is not None}
 
 
 def task_states(pids: dict[str, int]) -> dict[str, str]:

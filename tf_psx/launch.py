@@ -611,9 +611,7 @@ class Launcher:
         for task_type_, count in (("ps", self.num_ps), ("worker", self.num_workers)):
             for index in range(count):
                 env = _supervisor.server_env(base, self.config.to_json(task_type_, index))
-                env[_server.INTRA_OP_ENV] = str(self.intra_op_threads)
-                if self.inter_op_threads is not None:
-                    env[_server.INTER_OP_ENV] = str(self.inter_op_threads)
+                env.update(_server.thread_env(self.intra_op_threads, self.inter_op_threads))
                 self._add_task(task_type_, index, server_argv, env)
         user_env = dict(base, **{SNAPSHOT_DIR_ENV: self.snapshot_dir, CHIEF_ATTEMPT_ENV: "0"})
         if self.metrics_port is not None:
@@ -776,7 +774,7 @@ class Launcher:
         for task in self._tasks.values():
             task.env[TF_CONFIG_ENV] = self.config.to_json(task.task_type, task.index)
             if task.task_type in SERVER_TYPES:
-                task.env[_server.INTRA_OP_ENV] = str(self.intra_op_threads)
+                task.env.update(_server.thread_env(self.intra_op_threads, self.inter_op_threads))
         self._say(f"cluster: {self._address_list()}; logs in {self.log_dir}")
         code = self._start_and_wait(self._servers(), "exited while rescaling")
         if code is not None:

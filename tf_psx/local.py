@@ -219,6 +219,10 @@ class LocalCluster:
         """The pid of a task process (processes=True only)."""
         return self._task(task_type, index).pid
 
+    def task_pids(self) -> dict[str, int | None]:
+        """{"ps:0": pid, "worker:0": pid, ...} of the task processes (None for one not running); {} in-process."""
+        return {task.name: task.pid for task in list(self._tasks.values())}
+
     def kill(self, task_type: str, index: int) -> None:
         """Kills a task process with SIGKILL and waits until it is gone.
 
@@ -293,9 +297,7 @@ class LocalCluster:
         keys += [("worker", i) for i in range(self.num_workers)]
         for task_type, index in keys:
             env = _supervisor.server_env(os.environ, self.config.to_json(task_type, index))
-            env[_server.INTRA_OP_ENV] = str(self.intra_op_threads)
-            if self.inter_op_threads is not None:
-                env[_server.INTER_OP_ENV] = str(self.inter_op_threads)
+            env.update(_server.thread_env(self.intra_op_threads, self.inter_op_threads))
             task = _supervisor.TaskProcess(
                 task_type, index, [sys.executable, "-m", "tf_psx.server"], env, self.log_path(task_type, index)
             )

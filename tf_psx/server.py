@@ -50,6 +50,14 @@ def threads_per_task(tasks_on_host: int) -> int:
     return max(1, available_cpus() // max(1, tasks_on_host))
 
 
+def thread_env(intra_op_threads: int, inter_op_threads: int | None) -> dict[str, str]:
+    """The environment variables that give a task process these thread pools (None: TF's default)."""
+    env = {INTRA_OP_ENV: str(intra_op_threads)}
+    if inter_op_threads is not None:
+        env[INTER_OP_ENV] = str(inter_op_threads)
+    return env
+
+
 def threads_from_env(name: str) -> int | None:
     """The thread count in environment variable `name`, or None; ValueError naming it if malformed."""
     text = os.environ.get(name, "")
