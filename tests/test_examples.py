@@ -211,11 +211,13 @@ def test_criteo_ps_two_workers_train_snapshot_monitor_and_serve_exactly(tmp_path
     keys = np.unique(np.concatenate(
         [features["cat"].numpy().ravel() for features, _ in criteo(result["data"], 64, stats=CriteoStats())]))
     assert 0.95 * keys.size <= result["keys_learned"] <= keys.size, (result["keys_learned"], keys.size)
-    # It learned beyond the click rate, on the 200 rows it trained on (in-sample:
-    # measured AUC 0.69 to 0.74 against the rows' Bayes AUC of 0.76; a bias-only
-    # model has AUC 0.5). The in-sample log loss is no test of learning here: 19
-    # passes over 200 rows make the model overconfident, and two async workers
-    # move it from 0.475 to 0.535 between runs of the same code (click rate
-    # alone: 0.514), while the AUC stays within 0.01.
-    assert result["train_auc"] >= result["bayes_auc"] - 0.12, result
+    # It learned beyond the click rate, on the 200 rows it trained on (in-sample,
+    # against the rows' Bayes AUC of 0.76). Two async workers make the AUC vary
+    # between runs of the same code: measured 0.69 to 0.79 over 7 runs (two of
+    # them beside two busy processes), and once 0.63 in a CI run. A model that
+    # learned nothing scores 0.5 +- 0.05 on 200 rows (40 clicks). The in-sample
+    # log loss is no test of learning here: 19 passes over 200 rows make the
+    # model overconfident, and it moves from 0.45 to 0.535 between runs (click
+    # rate alone: 0.514).
+    assert result["train_auc"] >= result["bayes_auc"] - 0.16, result
     assert result["train_log_loss"] < 1.0, result  # finite and not diverged
