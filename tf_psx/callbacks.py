@@ -20,6 +20,7 @@ it and read it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -32,9 +33,10 @@ from typing import Any, Literal
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import _checks, doctor as _doctor, metrics as _metrics, snapshots as _snapshots, tables as _tables
-from tf_psx._tf import checkpoint as _checkpoint, fit_hooks as _fit_hooks, keras as _tf_keras, runtime as _runtime
-from tf_psx._tf import tfra as _tfra
+from tf_psx import _checks, deltas as _deltas, doctor as _doctor, metrics as _metrics, snapshots as _snapshots
+from tf_psx import tables as _tables
+from tf_psx._tf import checkpoint as _checkpoint, exact_updates as _exact_updates, fit_hooks as _fit_hooks
+from tf_psx._tf import keras as _tf_keras, runtime as _runtime, tfra as _tfra
 
 __all__ = ["StalenessBound", "PeriodicSync", "ClusterMonitor", "TableEviction", "SyncSwitch", "Snapshot"]
 
@@ -685,16 +687,37 @@ class PeriodicSync(_RunCallback):
         flight: the next one, and the end of fit, wait for it. A model with
         a DynamicEmbedding is written synchronously (TF's async checkpoint
         copies variables only, not TFRA's hash tables), logged once.
+      delta_every_n_steps: None (no deltas) or an int >= 1 below
+        `every_n_steps`: steps between delta snapshots. A delta waits for a
+        background full snapshot still being written.
 
     Attributes:
       restored: the `Snapshot` restored when the last fit started, or None.
       snapshot_seconds: seconds of each snapshot this callback wrote.
+      delta_seconds: seconds of each delta (barrier, fingerprints, write).
+      delta_rows: rows of the large variables in each delta.
 
     Raises:
       ValueError: bad arguments, BackupAndRestore in the same fit, or (when
         fit starts) a snapshot in `directory` that is not of this model.
 
+    Delta snapshots (`delta_every_n_steps`): between two full snapshots,
+    every `delta_every_n_steps` steps a barrier and a *delta*: the rows of the
+    large variables (the tables and their optimizer slots) that changed since
+    the last full snapshot, and every small variable whole, found by a
+    fingerprint per row kept on each ps task (`tf_psx.deltas`: exact for
+    every optimizer). A delta is a few files in the full snapshot's directory,
+    the manifest last; only the newest is kept (they are cumulative). A fit
+    that resumes restores the newest full snapshot, then its newest delta,
+    and continues from the delta's step: a crash (a ps task's included)
+    loses at most `delta_every_n_steps` steps instead of `every_n_steps`.
+    Deltas start after the first full snapshot. `delta_seconds` and
+    `delta_rows` keep each delta's cost and size.
+
     Known limitations:
+      * Delta snapshots are refused for a model with a DynamicEmbedding
+        (a hash table has no row index to fingerprint): ValueError when fit
+        starts.
       * The position in the input data is not saved: after a resume the
         dataset starts from its beginning. Use a shuffled, repeated dataset
         (any order is as good), or skip `PeriodicSync.latest(directory).step`
@@ -707,7 +730,8 @@ class PeriodicSync(_RunCallback):
         the coordinator writes; the cost is in `snapshot_seconds`.
     """
 
-    def __init__(self, every_n_steps: int, directory, max_to_keep: int = 3, background: bool = False):
+    def __init__(self, every_n_steps: int, directory, max_to_keep: int = 3, background: bool = False,
+                 delta_every_n_steps: int | None = None):
         super().__init__()
         if not isinstance(background, bool):
             raise ValueError(f"Argument `background` of PeriodicSync must be True or False. Received: {background!r}. "
@@ -719,8 +743,24 @@ class PeriodicSync(_RunCallback):
         self.directory = _check_path("PeriodicSync", "directory", directory)
         self.max_to_keep = _checks.int_at_least(max_to_keep, 1, "max_to_keep", owner="PeriodicSync",
                                         fix='pass e.g. PeriodicSync(100, "/tmp/run1", max_to_keep=3)')
+        self.delta_every_n_steps = None
+        if delta_every_n_steps is not None:
+            self.delta_every_n_steps = _checks.int_at_least(
+                delta_every_n_steps, 1, "delta_every_n_steps", owner="PeriodicSync",
+                fix="pass e.g. PeriodicSync(every_n_steps=500, directory=..., delta_every_n_steps=20)")
+            if self.delta_every_n_steps >= self.every_n_steps:
+                raise ValueError(
+                    f"Argument `delta_every_n_steps` of PeriodicSync must be below `every_n_steps` "
+                    f"({self.every_n_steps}): a delta holds what changed since the last full snapshot. Received: "
+                    f"{delta_every_n_steps!r}. Fix: pass a smaller delta_every_n_steps, or None for full snapshots "
+                    "only.")
         self.restored: Snapshot | None = None
         self.snapshot_seconds: list[float] = []
+        self.delta_seconds: list[float] = []
+        self.delta_rows: list[int] = []
+        self._tracker = None
+        self._base: Snapshot | None = None  # the full snapshot deltas are written against
+        self._last_delta = -1
         self._step = 0
         self._epoch = 0
         self._epoch_start = 0
@@ -765,6 +805,13 @@ class PeriodicSync(_RunCallback):
             job, task = getattr(resolver, "task_type", None) or "chief", getattr(resolver, "task_id", None) or 0
             device = f"/job:{job}/replica:0/task:{task}/device:CPU:0"
             self._options = tf.train.CheckpointOptions(experimental_io_device=device)
+        if self.delta_every_n_steps is not None and _tables.hash_table_layers(model):
+            names = ", ".join(layer.name for layer in _tables.hash_table_layers(model))
+            raise ValueError(
+                f"PeriodicSync(delta_every_n_steps={self.delta_every_n_steps}) cannot write delta snapshots of model "
+                f"{model.name}: its DynamicEmbedding layers ({names}) are hash tables, which have no row index to "
+                "find the changed rows by. Fix: pass delta_every_n_steps=None (full snapshots only, e.g. more "
+                "often with background=True), or use tf_psx.layers.ShardedEmbedding for these features.")
         self._background = self.background
         if self._background and _tables.hash_table_layers(model):
             logger.info("PeriodicSync: model %s holds DynamicEmbedding tables, which TF's async checkpoint does not "
@@ -778,6 +825,13 @@ class PeriodicSync(_RunCallback):
             self._store.clean_temporaries()
         steps = (self.params or {}).get("steps")
         self.restored = self._restore_newest()
+        self._base, self._tracker = self.restored, None
+        if self.delta_every_n_steps is not None:
+            self._tracker = _deltas.DeltaTracker(
+                _deltas.variables_by_path(self._checkpoint, skip=_tfra_scratch_types()), strategy)
+            if self.restored is not None:
+                self._tracker.rebase()  # the full snapshot is the base; its delta is applied on top
+                self.restored = self._apply_newest_delta(self.restored)
         self._step, self._resume_in_epoch = 0, 0
         if self.restored is not None:
             epoch, in_epoch = self.restored.resume_point(steps)
@@ -785,7 +839,44 @@ class PeriodicSync(_RunCallback):
             self._step, self._resume_in_epoch = self.restored.step, in_epoch
             logger.info("PeriodicSync: restored %s (step %d); fit continues at epoch %d, step %d",
                         self.restored.path, self.restored.step, epoch + 1, in_epoch)
-        self._last_saved = self._step
+        self._last_saved = self._last_delta = self._step
+
+    def _apply_newest_delta(self, snapshot: Snapshot) -> Snapshot:
+        """Applies the newest readable delta of `snapshot`; returns what fit resumes from."""
+        delta = _deltas.latest_delta(snapshot.path, snapshot.step)
+        if delta is None:
+            return snapshot
+        variables, unknown = self._tracker.variables, []
+        for path, rows, values in delta.entries():
+            variable = variables.get(path)
+            if variable is None:
+                counter = _exact_updates.counter_path_name(path)
+                if counter is not None and self.model.optimizer is not None:
+                    # Made by the first update: set then.
+                    _exact_updates.restore_counter_later(self.model.optimizer, counter, values)
+                else:
+                    unknown.append(path)
+                continue
+            shape = tuple(variable.shape[1:] if rows is not None else variable.shape)
+            got = tuple(values.shape[1:] if rows is not None else values.shape)
+            if shape != got:
+                raise ValueError(self._mismatch(snapshot, f"a delta ({delta.path}) with {path} of shape {got} "
+                                                          f"{'per row ' if rows is not None else ''}where this "
+                                                          f"model has {shape}"))
+            if rows is None:
+                variable.assign(values)
+            elif rows.size:
+                variable.scatter_update(tf.IndexedSlices(tf.constant(values, variable.dtype), tf.constant(rows)))
+        if unknown:
+            # Variables made lazily by the first step (compiled metrics): the full snapshot's deferred restore covers them.
+            logger.info("PeriodicSync: %d values of the delta %s have no variable yet (e.g. %s); left to the full "
+                        "snapshot's restore", len(unknown), delta.path, unknown[0])
+        manifest = delta.manifest
+        logger.info("PeriodicSync: applied the delta of step %d (%d rows) on top of %s", delta.step,
+                    manifest.get("rows", 0), snapshot.path)
+        return dataclasses.replace(snapshot, step=delta.step, epoch=int(manifest["epoch"]),
+                                   step_in_epoch=int(manifest["step_in_epoch"]),
+                                   steps_per_epoch=manifest.get("steps_per_epoch"), delta_of=snapshot.step)
 
     def _restore_newest(self) -> Snapshot | None:
         """Restores the newest snapshot that can be read; None when there is none.
@@ -852,6 +943,9 @@ class PeriodicSync(_RunCallback):
         self._step = self._epoch_start + int(batch) + 1
         if self._step // self.every_n_steps > self._last_saved // self.every_n_steps:
             self._snapshot()
+        elif (self._tracker is not None and self._base is not None
+              and self._step // self.delta_every_n_steps > self._last_delta // self.delta_every_n_steps):
+            self._delta()
 
     def on_train_end(self, logs=None):
         if self._step > self._last_saved:
@@ -869,21 +963,42 @@ class PeriodicSync(_RunCallback):
         if pending.error is not None:
             raise pending.error
 
-    def _snapshot(self) -> None:
-        start = time.perf_counter()
+    def _barrier(self) -> None:
         if self._is_ps:
             _coordinator(self.model).join()
             controller = getattr(self.model.distribute_strategy, "sync_controller", None)
             if controller is not None:
                 # A partial sync step is applied first: the snapshot holds every batch trained before it.
                 controller.flush()
+
+    def _position(self) -> dict:
+        return {"epoch": self._epoch, "step_in_epoch": self._step - self._epoch_start,
+                "steps_per_epoch": (self.params or {}).get("steps")}
+
+    def _delta(self) -> None:
+        start = time.perf_counter()
+        self._barrier()
+        self._finish_pending()  # the base must be committed first
+        step, record = self._step, {"rows": 0, "bytes": 0}
+        if self._writes:
+            self._tracker.add_new(_deltas.variables_by_path(self._checkpoint, skip=_tfra_scratch_types()))
+            record = _deltas.write_delta(self._base.path, step, self._base.step, self._tracker.changed(),
+                                         {**self._position(), "seconds": time.perf_counter() - start})
+        seconds = time.perf_counter() - start
+        self._last_delta = step
+        self.delta_seconds.append(seconds)
+        self.delta_rows.append(int(record["rows"]))
+        logger.info("PeriodicSync: delta of step %d on the snapshot of step %d: %d rows, %d bytes, in %.2f s",
+                    step, self._base.step, record["rows"], record["bytes"], seconds)
+
+    def _snapshot(self) -> None:
+        start = time.perf_counter()
+        self._barrier()
         barrier = time.perf_counter() - start
-        step, in_epoch = self._step, self._step - self._epoch_start
+        step = self._step
         self._finish_pending()
         if self._writes:
-            manifest = {"epoch": self._epoch, "step_in_epoch": in_epoch,
-                        "steps_per_epoch": (self.params or {}).get("steps"),
-                        "seconds": time.perf_counter() - start}
+            manifest = {**self._position(), "seconds": time.perf_counter() - start}
             if self._background:
                 # The values are copied now; the files, the manifest and the prune follow in a thread.
                 self._pending = _BackgroundCommit(self._store, step, self._checkpoint, self._options, manifest)
@@ -893,8 +1008,14 @@ class PeriodicSync(_RunCallback):
                 self._store.commit(step, lambda prefix: self._checkpoint.write(prefix, options=self._options),
                                    manifest)
                 self._store.prune(step)
+            if self._tracker is not None:
+                # The values just saved (still, under the barrier) are the new base.
+                self._tracker.rebase()
+                self._base = _snapshots.Snapshot(path=self._store.path_of(step), step=step, epoch=self._epoch,
+                                                 step_in_epoch=manifest["step_in_epoch"],
+                                                 steps_per_epoch=manifest["steps_per_epoch"], seconds=0.0)
         seconds = time.perf_counter() - start
-        self._last_saved = step
+        self._last_saved = self._last_delta = step
         self.snapshot_seconds.append(seconds)
         self._seconds.append(seconds)
         logger.info("PeriodicSync: snapshot of step %d in %.2f s (barrier %.2f s)", step, seconds, barrier)

@@ -71,6 +71,9 @@ class Snapshot:
       step_in_epoch: steps of `epoch` done at that point.
       steps_per_epoch: fit's steps per epoch then (None if unknown).
       seconds: how long the barrier and the write took.
+      delta_of: for a resume point made of a full snapshot and a delta
+        snapshot (`tf_psx.deltas`), the full snapshot's step (`path` is
+        its directory, `step` the delta's); None for a full snapshot.
     """
 
     path: str
@@ -79,6 +82,7 @@ class Snapshot:
     step_in_epoch: int
     steps_per_epoch: int | None
     seconds: float
+    delta_of: int | None = None
 
     @property
     def checkpoint(self) -> str:
@@ -126,6 +130,18 @@ class LocalFS:
             os.fsync(handle.fileno())
 
     @staticmethod
+    def read_bytes(path: str) -> bytes:
+        with open(path, "rb") as handle:
+            return handle.read()
+
+    @staticmethod
+    def write_bytes(path: str, data: bytes) -> None:
+        with open(path, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    @staticmethod
     def remove_file(path: str) -> None:
         os.remove(path)
 
@@ -168,6 +184,14 @@ class GFileFS:
     def write_text(self, path: str, text: str) -> None:
         with self._gfile().GFile(path, "w") as handle:
             handle.write(text)
+
+    def read_bytes(self, path: str) -> bytes:
+        with self._gfile().GFile(path, "rb") as handle:
+            return handle.read()
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        with self._gfile().GFile(path, "wb") as handle:
+            handle.write(data)
 
     def remove_file(self, path: str) -> None:
         self._gfile().remove(path)
@@ -281,7 +305,7 @@ class SnapshotStore:
           The snapshot's directory.
         """
         wait = wait or (lambda: None)
-        final = self.fs.join(self.directory, f"{SNAPSHOT_PREFIX}{step:0{STEP_DIGITS}d}")
+        final = self.path_of(step)
         record = json.dumps({"step": step, **manifest, "time": time.time()})
         if not self.fs.atomic_rename:
             # No atomic rename (object stores): written in place, the manifest
@@ -355,6 +379,10 @@ class SnapshotStore:
                 "one directory per training run.",
                 self.directory, written, ", ".join(os.path.basename(s.path) for s in unwarned), self.max_to_keep)
         return newer
+
+    def path_of(self, step: int) -> str:
+        """The directory of the snapshot of `step` (once committed)."""
+        return self.fs.join(self.directory, f"{SNAPSHOT_PREFIX}{step:0{STEP_DIGITS}d}")
 
     def _tmp_path(self, step: int) -> str:
         return os.path.join(self.directory, f"{TMP_PREFIX}{step:0{STEP_DIGITS}d}-{uuid.uuid4().hex[:8]}")

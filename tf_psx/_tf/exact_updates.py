@@ -48,6 +48,8 @@ from tf_psx._tf import keras as _tf_keras, tfra as _tfra
 # Attribute names on the optimizer instance.
 _STATE_ATTR = "_tf_psx_update_locks"
 _STEPS_ATTR = "_tf_psx_local_steps"
+# Counter values to set when the counter is made (`restore_counter_later`).
+_PENDING_ATTR = "_tf_psx_pending_steps"
 # Mutexes are shared by name on their ps task; the counter keeps two
 # optimizers (or two processes' variables of one name) apart.
 _LOCK_PREFIX = "tf_psx_update_lock"
@@ -99,6 +101,7 @@ def _state(optimizer, key: str, variable_scope, lock_device: str):
         if not hasattr(optimizer, _STEPS_ATTR):
             # A tracked dict: the counters are saved with the optimizer.
             setattr(optimizer, _STEPS_ATTR, {})
+            _keep_in_saved_children(optimizer)
         with variable_scope():
             step = tf.Variable(
                 tf.constant(0, tf.int64),
@@ -109,8 +112,36 @@ def _state(optimizer, key: str, variable_scope, lock_device: str):
         with tf.device(lock_device):
             lock = tf.CriticalSection(shared_name=f"{_LOCK_PREFIX}_{next(_ids)}")
         getattr(optimizer, _STEPS_ATTR)[name] = step
+        pending = optimizer.__dict__.get(_PENDING_ATTR, {})
+        if name in pending:
+            # After the deferred restore (from the full snapshot) that tracking just ran.
+            step.assign(pending.pop(name))
     locks[key] = (lock, step)
     return locks[key]
+
+
+def _keep_in_saved_children(optimizer) -> None:
+    """Makes the counters' dict a saved child of the optimizer even when its children were listed before.
+
+    tf-keras 2.16's `_BaseOptimizer._trackable_children` computes the
+    children once and caches them (`_coalesced_children`); a checkpoint
+    listed before the first update (a restore, PeriodicSync's checks, a delta
+    tracker) would otherwise leave the counters out of every later save.
+    """
+    cached = optimizer.__dict__.get("_coalesced_children")
+    if cached is not None and _STEPS_ATTR not in cached:
+        cached[_STEPS_ATTR] = getattr(optimizer, _STEPS_ATTR)
+
+
+def counter_path_name(path: str) -> str | None:
+    """The counter name in a checkpoint path `optimizer/_tf_psx_local_steps/<name>`, else None."""
+    head = f"optimizer/{_STEPS_ATTR}/"
+    return path[len(head):] if path.startswith(head) else None
+
+
+def restore_counter_later(optimizer, name: str, value) -> None:
+    """Sets the step counter `name` to `value` when the first update creates it (a delta snapshot's value)."""
+    optimizer.__dict__.setdefault(_PENDING_ATTR, {})[name] = int(value)
 
 
 def _state_for(optimizer, variable):

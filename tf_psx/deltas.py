@@ -1,0 +1,286 @@
+"""Delta snapshots: the rows changed since the last full snapshot, written between full ones.
+
+A full snapshot (`tf_psx.callbacks.PeriodicSync`) writes every variable; on
+a large embedding table that takes seconds, so it is written every few
+hundred steps, and a crash loses every update since. A delta holds only
+what changed since the last full snapshot (its *base*): for each large
+variable (the tables and their optimizer slots) the rows whose values
+differ, and every small variable whole. A resume restores the base and then
+its newest delta, so a crash loses at most the steps since that delta.
+
+Which rows changed is found by content, not by hooking the optimizer: each
+large variable has an int64 fingerprint per row, on its own ps task, taken
+when the base is written. A delta recomputes them there and sends back the
+rows whose fingerprint moved. The fingerprint of a row is the sum over its
+elements of (the element's bits x an odd constant) modulo 2^64: any change of
+one element changes it, so no changed row is missed (two changed elements
+cancel out with odds of about 2^-64). So it is exact for every optimizer,
+including those whose sparse update writes rows beyond the batch's (SGD
+with momentum, non-lazy Adam): those rows did change and are sent. The
+price is a pass over each table per delta, on its ps task, and 8 bytes per
+row of memory there.
+
+Deltas are cumulative (each holds everything changed since the base, not
+since the previous delta), so only the newest is kept and a torn one costs
+the step range back to the one before it, never a wrong restore. They are
+files in the base's snapshot directory:
+`delta-<step, 12 digits>.npz` (the rows) and `delta-<step>.json` (the
+manifest, written last: it commits the delta; a pruned base takes its deltas
+with it).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import time
+import uuid
+
+import numpy as np
+import tensorflow as tf
+
+from tf_psx import snapshots as _snapshots
+
+__all__ = ["DeltaTracker", "Delta", "write_delta", "latest_delta", "variables_by_path", "MIN_ROWS"]
+
+logger = logging.getLogger("tf_psx")
+
+# Variables with fewer rows (and every non-float one) go whole into each delta.
+MIN_ROWS = 1024
+DELTA_PREFIX = "delta-"
+DELTA_RE = re.compile(rf"^{DELTA_PREFIX}(\d{{{_snapshots.STEP_DIGITS}}})\.json$")
+# Paths of the checkpoint root that are not training state.
+_SKIPPED_CHILDREN = {"save_counter"}
+_BITS = {tf.float16: tf.int16, tf.bfloat16: tf.int16, tf.float32: tf.int32, tf.float64: tf.int64}
+
+
+def _is_sharded(obj) -> bool:
+    return isinstance(obj, tf.__internal__.distribute.ShardedVariable)
+
+
+def variables_by_path(root, skip: tuple = ()) -> dict[str, tf.Variable]:
+    """Every variable reachable from `root` in checkpoint order, by its object path.
+
+    The path is the chain of checkpoint dependency names ("model/
+    layer_with_weights-0/embeddings"), so it is the same in every process that
+    builds the same model; a ShardedVariable's shards are `<path>/part_<i>`.
+    Objects of a type in `skip` are left out (with what hangs below them).
+    """
+    found: dict[str, tf.Variable] = {}
+    seen = {id(root)}
+    queue = [("", root)]
+    while queue:
+        prefix, obj = queue.pop(0)
+        children = tf.train.TrackableView.children(obj)
+        for name in sorted(children):
+            child = children[name]
+            if id(child) in seen or (not prefix and name in _SKIPPED_CHILDREN) or (skip and isinstance(child, skip)):
+                continue
+            seen.add(id(child))
+            path = f"{prefix}{name}"
+            if _is_sharded(child):
+                for index, shard in enumerate(child.variables):
+                    seen.add(id(shard))
+                    found[f"{path}/part_{index}"] = shard
+            elif isinstance(child, tf.Variable):
+                found[path] = child
+            else:
+                queue.append((f"{path}/", child))
+    return found
+
+
+def _weights(columns: int) -> np.ndarray:
+    # Odd constants, so that (bits x constant) mod 2^64 is a bijection of bits.
+    draws = np.random.default_rng(20261203).integers(1, 2**62, size=max(columns, 1), dtype=np.int64)
+    return draws * 2 + 1
+
+
+def _fingerprint(value, weights):
+    """One int64 per row of `value`: sum of (element bits x odd constant), wrapping modulo 2^64."""
+    rows = tf.shape(value)[0]
+    bits = tf.bitcast(tf.reshape(value, [rows, -1]), _BITS[value.dtype.base_dtype])
+    return tf.reduce_sum(tf.cast(bits, tf.int64) * weights, axis=1)
+
+
+class DeltaTracker:
+    """Finds the rows of a model's state that changed since the last `rebase()`.
+
+    Args:
+      variables: path -> variable (`variables_by_path`).
+      strategy: the strategy the variables were made under (fingerprints are
+        made beside each variable, on its ps task).
+      min_rows: variables with fewer rows are written whole.
+    """
+
+    def __init__(self, variables: dict[str, tf.Variable], strategy, min_rows: int = MIN_ROWS):
+        self.variables = dict(variables)
+        self.tracked = {path: variable for path, variable in self.variables.items()
+                        if variable.shape.rank and variable.shape[0] is not None and variable.shape[0] >= min_rows
+                        and variable.dtype.base_dtype in _BITS}
+        self.whole = {path: variable for path, variable in self.variables.items() if path not in self.tracked}
+        self._prints: dict[str, tf.Variable] = {}
+        self._weights: dict[str, tf.Tensor] = {}
+        for path, variable in self.tracked.items():
+            columns = int(np.prod(variable.shape[1:])) if variable.shape.rank > 1 else 1
+            with strategy.scope(), strategy.extended.colocate_vars_with(variable):
+                self._prints[path] = tf.Variable(tf.zeros([variable.shape[0]], tf.int64), trainable=False,
+                                                 name="tf_psx_row_fingerprints")
+            self._weights[path] = tf.constant(_weights(columns))
+        self._rebase = tf.function(self._rebase_fn, autograph=False)
+        self._changed = tf.function(self._changed_fn, autograph=False)
+
+    def add_new(self, variables: dict[str, tf.Variable]) -> list[str]:
+        """Adds the variables made since (by the first step: counters, metrics); they go whole into deltas.
+
+        Returns:
+          Their paths.
+        """
+        new = {path: variable for path, variable in variables.items() if path not in self.variables}
+        if new:
+            self.variables.update(new)
+            self.whole.update(new)
+            self._changed = tf.function(self._changed_fn, autograph=False)
+        return sorted(new)
+
+    @property
+    def fingerprint_bytes(self) -> int:
+        """Memory the fingerprints take on the ps tasks."""
+        return sum(8 * int(variable.shape[0]) for variable in self.tracked.values())
+
+    def _rebase_fn(self):
+        for path, variable in self.tracked.items():
+            with tf.device(variable.device):
+                self._prints[path].assign(_fingerprint(variable.read_value(), self._weights[path]))
+
+    def _changed_fn(self):
+        out = []
+        for path, variable in self.tracked.items():
+            with tf.device(variable.device):
+                value = variable.read_value()
+                rows = tf.where(tf.not_equal(_fingerprint(value, self._weights[path]), self._prints[path]))[:, 0]
+                out.append((rows, tf.gather(value, rows)))
+        for variable in self.whole.values():
+            out.append(variable.read_value())
+        return out
+
+    def rebase(self) -> None:
+        """Takes the current values as the base (right after a full snapshot or its restore)."""
+        if self.tracked:
+            self._rebase()
+
+    def changed(self) -> dict[str, tuple[np.ndarray | None, np.ndarray]]:
+        """path -> (changed rows, their values) for tracked variables, (None, value) for the rest."""
+        out = self._changed() if self.variables else []
+        result: dict[str, tuple[np.ndarray | None, np.ndarray]] = {}
+        for path, (rows, values) in zip(self.tracked, out[:len(self.tracked)]):
+            result[path] = (rows.numpy(), values.numpy())
+        for path, value in zip(self.whole, out[len(self.tracked):]):
+            result[path] = (None, value.numpy())
+        return result
+
+
+class Delta:
+    """A committed delta read back: its manifest and its arrays."""
+
+    def __init__(self, path: str, manifest: dict, arrays: dict[str, np.ndarray]):
+        self.path = path
+        self.manifest = manifest
+        self.step = int(manifest["step"])
+        self.base_step = int(manifest["base_step"])
+        self._arrays = arrays
+
+    def entries(self):
+        """(path, rows or None, values) for each variable in the delta."""
+        for index, entry in enumerate(self.manifest["variables"]):
+            rows = self._arrays[f"r{index}"] if entry["rows"] else None
+            yield entry["path"], rows, self._arrays[f"v{index}"]
+
+
+def _names(step: int) -> tuple[str, str]:
+    stem = f"{DELTA_PREFIX}{step:0{_snapshots.STEP_DIGITS}d}"
+    return stem + ".npz", stem + ".json"
+
+
+def write_delta(snapshot_dir: str, step: int, base_step: int, changed: dict, manifest: dict) -> dict:
+    """Writes the delta of `step` into the base's directory, manifest last; removes the older ones.
+
+    Returns:
+      The manifest written (with the row and byte counts).
+    """
+    fs = _snapshots.filesystem(snapshot_dir)
+    arrays, entries, rows = {}, [], 0
+    for index, (path, (changed_rows, values)) in enumerate(changed.items()):
+        entries.append({"path": path, "rows": changed_rows is not None, "shape": list(values.shape)})
+        arrays[f"v{index}"] = values
+        if changed_rows is not None:
+            arrays[f"r{index}"] = changed_rows
+            rows += int(changed_rows.size)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    data = buffer.getvalue()
+    record = {"step": step, "base_step": base_step, **manifest, "rows": rows, "bytes": len(data),
+              "variables": entries, "time": time.time()}
+    npz_name, json_name = _names(step)
+    npz, final = fs.join(snapshot_dir, npz_name), fs.join(snapshot_dir, json_name)
+    if fs.atomic_rename:
+        # Each file is written aside and renamed into place: never half a file under its name.
+        for name, payload in ((npz, data), (final, json.dumps(record).encode())):
+            tmp = f"{name}.tmp-{uuid.uuid4().hex[:8]}"
+            fs.write_bytes(tmp, payload)
+            os.rename(tmp, name)
+    else:
+        if fs.exists(final) or fs.exists(npz):
+            # A leftover of an earlier run at this step (tf.io.gfile's ram:// appends to a file written again).
+            _remove_delta(snapshot_dir, step, fs)
+        fs.write_bytes(npz, data)
+        fs.write_bytes(final, json.dumps(record).encode())
+    for older in _delta_steps(snapshot_dir, fs):
+        if older < step:
+            _remove_delta(snapshot_dir, older, fs)
+    return record
+
+
+def _delta_steps(snapshot_dir: str, fs) -> list[int]:
+    if not fs.isdir(snapshot_dir):
+        return []
+    return sorted(int(match.group(1)) for match in map(DELTA_RE.match, fs.listdir(snapshot_dir)) if match)
+
+
+def _remove_delta(snapshot_dir: str, step: int, fs) -> None:
+    # The manifest first: from then on it is not a delta.
+    for name in reversed(_names(step)):
+        try:
+            if fs.exists(fs.join(snapshot_dir, name)):
+                fs.remove_file(fs.join(snapshot_dir, name))
+        except Exception as error:  # pylint: disable=broad-except  (OSError, or tf.errors.OpError from gfile)
+            logger.warning("PeriodicSync: could not delete the old delta %s: %s", fs.join(snapshot_dir, name),
+                           _snapshots.first_line(error))
+            return
+
+
+def latest_delta(snapshot_dir: str, base_step: int) -> Delta | None:
+    """The newest delta of the snapshot in `snapshot_dir` that can be read, or None.
+
+    A delta whose files cannot be read (or that names another base) is
+    skipped with a warning, and an older one is tried.
+    """
+    fs = _snapshots.filesystem(snapshot_dir)
+    for step in reversed(_delta_steps(snapshot_dir, fs)):
+        npz_name, json_name = _names(step)
+        try:
+            manifest = json.loads(fs.read_bytes(fs.join(snapshot_dir, json_name)))
+            if int(manifest["base_step"]) != base_step or int(manifest["step"]) != step:
+                raise ValueError(f"it names base step {manifest['base_step']} and step {manifest['step']}")
+            with np.load(io.BytesIO(fs.read_bytes(fs.join(snapshot_dir, npz_name)))) as loaded:
+                arrays = {name: loaded[name] for name in loaded.files}
+            delta = Delta(fs.join(snapshot_dir, json_name), manifest, arrays)
+            list(delta.entries())  # every array the manifest names is there
+        except Exception as error:  # pylint: disable=broad-except  (a torn or foreign file, or a gfile error)
+            logger.warning("PeriodicSync: cannot read the delta of step %d in %s (%s: %s); trying an older one",
+                           step, snapshot_dir, type(error).__name__, _snapshots.first_line(error))
+            continue
+        return delta
+    return None
