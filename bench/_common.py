@@ -159,3 +159,21 @@ def holdout_auc(model, coordinator, holdout, examples_per_epoch: int):
             return max(span - self.eval_s * (epochs - 1) / epochs, 1e-9)
 
     return HoldoutAUC()
+
+
+def sharded_table_model(rows: int, dim: int, ids: int):
+    """A ShardedEmbedding(rows, dim) (fixed:2) + Dense(1) with Adagrad(0.05) on an in-process cluster (1 worker, 2 ps).
+
+    Returns (model, cluster); the cluster's servers live until the process ends.
+    """
+    import tf_psx  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    cluster = tf_psx.LocalCluster(num_workers=1, num_ps=2).start()
+    strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2")
+    with strategy.scope():
+        inputs = tf.keras.Input((ids,), dtype=tf.int64)
+        emb = tf_psx.layers.ShardedEmbedding(rows, dim)(inputs)
+        model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(emb)))
+        model.compile(tf.keras.optimizers.Adagrad(0.05), "mse")
+    return model, cluster

@@ -34,13 +34,9 @@ def child(mode: str) -> None:
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    cluster = tf_psx.LocalCluster(num_workers=1, num_ps=2).start()
-    strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2")
-    with strategy.scope():
-        inputs = tf.keras.Input((IDS,), dtype=tf.int64)
-        emb = tf_psx.layers.ShardedEmbedding(ROWS, DIM)(inputs)
-        model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(emb)))
-        model.compile(tf.keras.optimizers.Adagrad(0.05), "mse")
+    from _common import sharded_table_model  # pylint: disable=import-outside-toplevel
+
+    model, _cluster = sharded_table_model(ROWS, DIM, IDS)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, ROWS, size=(BATCH * 16, IDS))
     labels = rng.random(BATCH * 16).astype(np.float32)

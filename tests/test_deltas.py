@@ -92,16 +92,20 @@ def test_a_resume_applies_the_newest_delta_and_a_torn_one_falls_back(kind, tmp_p
     model, record = _linear_model(), _Record(at=12)
     sync = PeriodicSync(every_n_steps=10, directory=directory, delta_every_n_steps=4)
     model.fit(_batches(14), epochs=1, steps_per_epoch=14, callbacks=[sync, record], verbose=0)
-    # Full snapshots at 10 and 14 (the end of fit); deltas on the one of step 10 at 12 (and none at 14).
-    assert [s.step for s in PeriodicSync.snapshots(directory)] == [10, 14]
-    # Adagrad moves only the rows of the batches since step 10: the table's and the accumulator's.
-    assert sync.delta_rows == [2 * 12] and len(sync.delta_seconds) == 1
+    # Full snapshots at 4 (the first delta point, with nothing to build on), 10
+    # and 14 (the end of fit); deltas at 8 (on step 4) and 12 (on step 10).
+    assert [s.step for s in PeriodicSync.snapshots(directory)] == [4, 10, 14]
+    # Adagrad moves only the rows of the batches since the full snapshot, in
+    # the table and the accumulator: rows 0..7, then rows 100..111.
+    assert sync.delta_rows == [2 * 8, 2 * 12] and len(sync.delta_seconds) == 2
     fs = tf.io.gfile
-    base = PeriodicSync.snapshots(directory)[0].path
+    base = PeriodicSync.snapshots(directory)[1].path
+    assert sorted(name for name in fs.listdir(PeriodicSync.snapshots(directory)[0].path)
+                  if name.startswith("delta-")) == ["delta-000000000008.json", "delta-000000000008.npz"]
     assert sorted(name for name in fs.listdir(base) if name.startswith("delta-")) == [
         "delta-000000000012.json", "delta-000000000012.npz"]
     # A crash before the full snapshot of step 14 would have left this:
-    fs.rmtree(PeriodicSync.snapshots(directory)[1].path)
+    fs.rmtree(PeriodicSync.snapshots(directory)[-1].path)
 
     resumed = _linear_model()
     sync = PeriodicSync(every_n_steps=10, directory=directory, delta_every_n_steps=4)
@@ -155,10 +159,11 @@ def test_a_crash_after_a_delta_resumes_from_it_and_matches_an_uninterrupted_run(
     full = _report(run_script("delta_resume.py", "full", str(tmp_path / "unused"), str(tmp_path / "full.npz")))
     crashed = run_script("delta_resume.py", "interrupt", str(tmp_path / "snap"), str(tmp_path / "at35.npz"))
     assert crashed.returncode == 3 and "killed at step 38" in crashed.stdout, crashed.stderr[-3000:]
-    # Deltas at 25, 30, 35 on the full snapshot of 20. Non-lazy Adam moves every
-    # row ever touched (its moments decay), so each delta holds more rows.
+    # A full snapshot at 5 (the first delta point), deltas at 10 and 15, a full
+    # snapshot at 20, deltas at 25, 30 and 35. Non-lazy Adam moves every row
+    # ever touched (its moments decay), so each delta on step 20 holds more rows.
     written = json.loads(crashed.stdout.split("DELTAS ")[1].splitlines()[0])
-    assert len(written) == 3 and written[0] < written[1] < written[2], written
+    assert len(written) == 5 and written[2] < written[3] < written[4], written
     resumed = _report(run_script("delta_resume.py", "resume", str(tmp_path / "snap"), str(tmp_path / "res.npz")))
 
     assert resumed["restored_step"] == 35 and resumed["restored_delta_of"] == 20

@@ -711,8 +711,9 @@ class PeriodicSync(_RunCallback):
     that resumes restores the newest full snapshot, then its newest delta,
     and continues from the delta's step: a crash (a ps task's included)
     loses at most `delta_every_n_steps` steps instead of `every_n_steps`.
-    Deltas start after the first full snapshot. `delta_seconds` and
-    `delta_rows` keep each delta's cost and size.
+    A fit that starts with no snapshot to build on writes a full one at its
+    first delta point. `delta_seconds` and `delta_rows` keep each delta's
+    cost and size.
 
     Known limitations:
       * Delta snapshots are refused for a model with a DynamicEmbedding
@@ -943,9 +944,12 @@ class PeriodicSync(_RunCallback):
         self._step = self._epoch_start + int(batch) + 1
         if self._step // self.every_n_steps > self._last_saved // self.every_n_steps:
             self._snapshot()
-        elif (self._tracker is not None and self._base is not None
+        elif (self._tracker is not None
               and self._step // self.delta_every_n_steps > self._last_delta // self.delta_every_n_steps):
-            self._delta()
+            if self._base is None:
+                self._snapshot()  # the first delta point has nothing to be a delta of: a full snapshot
+            else:
+                self._delta()
 
     def on_train_end(self, logs=None):
         if self._step > self._last_saved:

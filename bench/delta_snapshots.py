@@ -1,0 +1,123 @@
+"""Updates a crash loses, and what keeping that loss small costs: full snapshots against delta snapshots.
+
+A 2,000,000 x 16 ShardedEmbedding (fixed:2) with Adagrad (2 x 128 MB of
+table and slot) plus Dense(1), in-process LocalCluster with 1 worker and 2
+ps, batch 256 x 4 Zipf ids (exponent 1.05 over the rows, as after counting a
+vocabulary); `model.fit` of 300 steps after 5 traced ones, to a local
+directory. Each setting in a fresh process:
+
+* none: no snapshot (the step time without any);
+* full every 60 steps (PeriodicSync(60));
+* full every 10 steps (PeriodicSync(10)): the way to lose at most 10 steps
+  without deltas;
+* full every 60 + delta every 10 (PeriodicSync(60, delta_every_n_steps=10)).
+
+A crash (a ps task's included: the job restarts and resumes) loses the steps
+since the newest snapshot or delta: at most the interval, in steps and in
+seconds at the setting's own step time. Cost per step = the setting's ms per
+step against none's. The delta's size is its row count and its file bytes
+against the full checkpoint's bytes.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+ROWS, DIM, IDS, BATCH, STEPS, WARMUP, EXPONENT = 2_000_000, 16, 4, 256, 300, 5, 1.05
+SETTINGS = {"none": None, "full60": (60, None), "full10": (10, None), "full60_delta10": (60, 10)}
+
+
+def child(setting: str) -> None:
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    import tf_psx  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from _common import sharded_table_model  # pylint: disable=import-outside-toplevel
+
+    model, _cluster = sharded_table_model(ROWS, DIM, IDS)
+    rng = np.random.default_rng(0)
+    weights = np.arange(1, ROWS + 1, dtype=np.float64) ** -EXPONENT
+    ids = rng.choice(ROWS, size=(BATCH * 64, IDS), p=weights / weights.sum()).astype(np.int64)
+    labels = rng.random(BATCH * 64).astype(np.float32)
+    data = tf.keras.utils.experimental.DatasetCreator(
+        lambda _: tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH))
+    model.fit(data, epochs=1, steps_per_epoch=WARMUP, verbose=0)  # trace
+    result = {}
+    with tempfile.TemporaryDirectory() as directory:
+        callbacks, sync = [], None
+        if SETTINGS[setting] is not None:
+            every, delta = SETTINGS[setting]
+            sync = tf_psx.callbacks.PeriodicSync(every, directory, delta_every_n_steps=delta)
+            callbacks = [sync]
+        start = time.perf_counter()
+        model.fit(data, epochs=1, steps_per_epoch=STEPS, verbose=0, callbacks=callbacks)
+        result["ms_per_step"] = (time.perf_counter() - start) * 1000 / STEPS
+        if sync is not None:
+            result["snapshot_seconds"] = sync.snapshot_seconds
+            result["delta_seconds"] = sync.delta_seconds
+            result["delta_rows"] = sync.delta_rows
+            newest = tf_psx.callbacks.PeriodicSync.latest(directory)
+            result["full_bytes"] = sum(os.path.getsize(path) for path in glob.glob(os.path.join(newest.path, "ckpt.*")))
+            result["delta_bytes"] = [json.load(open(path, encoding="utf-8"))["bytes"]
+                                     for path in glob.glob(os.path.join(directory, "snapshot-*", "delta-*.json"))]
+    print(json.dumps(result), flush=True)
+    os._exit(0)  # pylint: disable=protected-access  (in-process servers cannot be stopped)
+
+
+def main() -> None:
+    from _common import run_child, write_result  # pylint: disable=import-outside-toplevel
+
+    runs = {setting: run_child(__file__, setting) for setting in SETTINGS}
+    base = runs["none"]["ms_per_step"]
+
+    def window(setting: str) -> int:
+        every, delta = SETTINGS[setting]
+        return delta or every
+
+    rows = []
+    for setting in ("full60", "full10", "full60_delta10"):
+        run = runs[setting]
+        steps = window(setting)
+        rows.append({"metric": f"{setting}: ms per step (none: {base:.1f})", "value": round(run["ms_per_step"], 1),
+                     "unit": "ms"})
+        rows.append({"metric": f"{setting}: cost per step against none", "value": round(run["ms_per_step"] / base, 3),
+                     "unit": "x"})
+        rows.append({"metric": f"{setting}: updates a crash loses, at most", "value": f"{steps} steps = "
+                     f"{steps * run['ms_per_step'] / 1000:.1f} s"})
+    delta_run = runs["full60_delta10"]
+    rows += [
+        {"metric": "full snapshot: seconds (median, full60)", "value": round(statistics.median(
+            runs["full60"]["snapshot_seconds"]), 3), "unit": "s"},
+        {"metric": "delta: seconds (median)", "value": round(statistics.median(delta_run["delta_seconds"]), 3),
+         "unit": "s"},
+        {"metric": "delta: rows (median; table and slot rows)", "value": int(statistics.median(
+            delta_run["delta_rows"]))},
+        {"metric": "delta bytes / full checkpoint bytes (newest delta)",
+         "value": round(max(delta_run["delta_bytes"]) / delta_run["full_bytes"], 4)},
+        {"metric": "full60_delta10 / full10 ms per step (same loss window)",
+         "value": round(delta_run["ms_per_step"] / runs["full10"]["ms_per_step"], 3), "unit": "x"},
+    ]
+    write_result(
+        "delta_snapshots",
+        f"{STEPS} fit steps of a {ROWS:,} x {DIM} ShardedEmbedding (fixed:2) with Adagrad + Dense(1), batch {BATCH} "
+        f"x {IDS} Zipf ids (exponent {EXPONENT}); in-process LocalCluster with 1 worker and 2 ps; local directory; "
+        "each setting in a fresh process. Loss window = steps since the newest snapshot or delta, at most.",
+        rows,
+        extra=runs,
+    )
+
+
+if __name__ == "__main__":
+    from _common import entry  # pylint: disable=import-outside-toplevel
+
+    entry(child, main, 1)
