@@ -10,7 +10,10 @@ directory. Each setting in a fresh process:
 * full every 60 steps (PeriodicSync(60));
 * full every 10 steps (PeriodicSync(10)): the way to lose at most 10 steps
   without deltas;
-* full every 60 + delta every 10 (PeriodicSync(60, delta_every_n_steps=10)).
+* full every 60 + delta every 10 (PeriodicSync(60, delta_every_n_steps=10));
+* the last two again with the directory on `ram://`, a tf.io.gfile
+  filesystem: every byte then goes through the coordinator, as on an object
+  store (where bytes cost more than on this machine's local disk).
 
 A crash (a ps task's included: the job restarts and resumes) loses the steps
 since the newest snapshot or delta: at most the interval, in steps and in
@@ -21,7 +24,6 @@ against the full checkpoint's bytes.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import statistics
@@ -33,7 +35,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 ROWS, DIM, IDS, BATCH, STEPS, WARMUP, EXPONENT = 2_000_000, 16, 4, 256, 300, 5, 1.05
-SETTINGS = {"none": None, "full60": (60, None), "full10": (10, None), "full60_delta10": (60, 10)}
+SETTINGS = {"none": None, "full60": (60, None), "full10": (10, None), "full60_delta10": (60, 10),
+            "ram_full10": (10, None), "ram_full60_delta10": (60, 10)}
 
 
 def child(setting: str) -> None:
@@ -53,7 +56,8 @@ def child(setting: str) -> None:
         lambda _: tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH))
     model.fit(data, epochs=1, steps_per_epoch=WARMUP, verbose=0)  # trace
     result = {}
-    with tempfile.TemporaryDirectory() as directory:
+    with tempfile.TemporaryDirectory() as local:
+        directory = f"ram://delta_bench/{setting}" if setting.startswith("ram_") else local
         callbacks, sync = [], None
         if SETTINGS[setting] is not None:
             every, delta = SETTINGS[setting]
@@ -67,9 +71,10 @@ def child(setting: str) -> None:
             result["delta_seconds"] = sync.delta_seconds
             result["delta_rows"] = sync.delta_rows
             newest = tf_psx.callbacks.PeriodicSync.latest(directory)
-            result["full_bytes"] = sum(os.path.getsize(path) for path in glob.glob(os.path.join(newest.path, "ckpt.*")))
-            result["delta_bytes"] = [json.load(open(path, encoding="utf-8"))["bytes"]
-                                     for path in glob.glob(os.path.join(directory, "snapshot-*", "delta-*.json"))]
+            result["full_bytes"] = sum(tf.io.gfile.stat(path).length
+                                       for path in tf.io.gfile.glob(f"{newest.path}/ckpt.*"))
+            result["delta_bytes"] = [json.loads(tf.io.gfile.GFile(path).read())["bytes"]
+                                     for path in tf.io.gfile.glob(f"{directory}/snapshot-*/delta-*.json")]
     print(json.dumps(result), flush=True)
     os._exit(0)  # pylint: disable=protected-access  (in-process servers cannot be stopped)
 
@@ -85,7 +90,7 @@ def main() -> None:
         return delta or every
 
     rows = []
-    for setting in ("full60", "full10", "full60_delta10"):
+    for setting in ("full60", "full10", "full60_delta10", "ram_full10", "ram_full60_delta10"):
         run = runs[setting]
         steps = window(setting)
         rows.append({"metric": f"{setting}: ms per step (none: {base:.1f})", "value": round(run["ms_per_step"], 1),
@@ -106,6 +111,9 @@ def main() -> None:
          "value": round(max(delta_run["delta_bytes"]) / delta_run["full_bytes"], 4)},
         {"metric": "full60_delta10 / full10 ms per step (same loss window)",
          "value": round(delta_run["ms_per_step"] / runs["full10"]["ms_per_step"], 3), "unit": "x"},
+        {"metric": "on ram://: full60_delta10 / full10 ms per step (same loss window)",
+         "value": round(runs["ram_full60_delta10"]["ms_per_step"] / runs["ram_full10"]["ms_per_step"], 3),
+         "unit": "x"},
     ]
     write_result(
         "delta_snapshots",
