@@ -56,7 +56,8 @@ def test_public_signatures():
     import inspect
 
     assert str(inspect.signature(cb.PeriodicSync)) == (
-        "(every_n_steps: 'int', directory, max_to_keep: 'int' = 3, background: 'bool' = False)")
+        "(every_n_steps: 'int', directory, max_to_keep: 'int' = 3, background: 'bool' = False, "
+        "delta_every_n_steps: 'int | None' = None)")
     assert str(inspect.signature(cb.StalenessBound)) == "(max_staleness: 'int', policy: 'Policy' = 'drop')"
     assert "callbacks" in tf_psx.__all__ and tf_psx.callbacks is cb
 
