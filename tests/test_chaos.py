@@ -205,6 +205,26 @@ def test_scale_two_to_four_to_one_workers_ends_at_the_exact_step(tmp_path):
     assert json.loads((tmp_path / launch.PIDS_FILE).read_text()).keys() == {"ps:0", "worker:0", "chief:0"}
 
 
+def test_scaling_while_a_snapshot_is_written_resumes_from_the_one_before(tmp_path):
+    """The chief stops between a snapshot's files and its commit: that snapshot never counts."""
+    snapshots = tmp_path / "snapshots"
+    args = [*_train_args(), "--slow-commit-at", str(2 * EVERY)]
+    with LaunchRun(["--workers", "2", "--ps", "1", "--log-dir", str(tmp_path), "--snapshot-dir", str(snapshots)],
+                   args) as run:
+        index, _ = run.wait_for(START_RE)
+        index, _ = run.wait_for(rf"^\[chief:0\] tf_psx committing snapshot step={2 * EVERY}$", start=index)
+        assert _scale(tmp_path, 3).returncode == 0
+        index, _ = run.wait_for(r"^tf-psx launch: scaling from 2 to 3 workers", start=index)
+        index, second = run.wait_for(START_RE, start=index)
+        code = run.wait()
+    assert code == 0, run.output
+    # The half-written snapshot of step 2 * EVERY was never committed: the resume is the one before.
+    assert _step(second) == EVERY and second["attempt"] == "1", second
+    assert _result(run)["iterations"] == TOTAL
+    assert sorted(os.listdir(snapshots)) == [f"snapshot-{step:012d}" for step in (TOTAL - 2 * EVERY, TOTAL - EVERY,
+                                                                                   TOTAL)]
+
+
 def test_scale_refuses_zero_workers_and_a_directory_without_a_launcher(tmp_path):
     result = _scale(tmp_path, 0)
     assert result.returncode == 2 and "Option `--workers` must be an int >= 1. Received: 0" in result.stderr

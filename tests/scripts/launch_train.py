@@ -76,6 +76,8 @@ def main():
     parser.add_argument("--every", type=int, default=0, help="PeriodicSync interval (0: none)")
     parser.add_argument("--result", help="write the RESULT json here")
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to wait after each batch")
+    parser.add_argument("--slow-commit-at", type=int, default=0,
+                        help="in the first attempt, hold the snapshot of this step for 30 s before its commit")
     args = parser.parse_args()
 
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -124,6 +126,16 @@ def main():
         from tf_psx.callbacks import PeriodicSync  # pylint: disable=import-outside-toplevel
 
         callbacks.append(PeriodicSync(args.every, launch.snapshot_dir()))
+        if args.slow_commit_at and os.environ.get(launch.CHIEF_ATTEMPT_ENV, "0") == "0":
+            import tf_psx.callbacks as callbacks_module  # pylint: disable=import-outside-toplevel
+
+            def slow_commit(path):
+                # PeriodicSync's seam between a snapshot's files and its commit.
+                if f"{args.slow_commit_at:012d}" in os.path.basename(path):
+                    print(f"tf_psx committing snapshot step={args.slow_commit_at}", flush=True)
+                    time.sleep(30)
+
+            setattr(callbacks_module, "_hook_before_commit", slow_commit)
     callbacks.append(progress)
     history = model.fit(
         tf.keras.utils.experimental.DatasetCreator(dataset_fn),
