@@ -176,3 +176,62 @@ def test_a_crash_after_a_delta_resumes_from_it_and_matches_an_uninterrupted_run(
     assert sorted(want.files) == sorted(got.files) and len(want.files) == 12
     for name in want.files:
         np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)
+
+
+def _state(model) -> dict[str, np.ndarray]:
+    """The table, its Adagrad accumulator and the step count, each whole (shards concatenated)."""
+    values = {"table": tf_psx.weights.unsharded_weights(model.get_layer("table"))[0],
+              "iterations": model.optimizer.iterations.numpy()}
+    slots = [v for v in model.optimizer.variables if deltas.full_shape(v) == (ROWS, DIM)]
+    assert len(slots) == 1, slots
+    values["accumulator"] = np.concatenate([shard.numpy() for shard, _ in deltas.shards_of(slots[0])])
+    return values
+
+
+def test_deltas_written_on_two_shards_restore_onto_an_unsharded_model(ps_strategy, tmp_path):
+    """Delta rows count across shards: a delta restores onto another number of ps tasks, like the full snapshot."""
+    first = np.array([[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3]])
+    later = np.arange(100, 112).reshape(3, 4)
+
+    def dataset_fn(_ctx):
+        return tf.data.Dataset.range(14).map(
+            lambda k: (tf.where(k < 10, tf.constant(first, tf.int64), tf.constant(later, tf.int64)), tf.zeros([3])))
+
+    with ps_strategy.scope():
+        model = _linear_model()
+    assert len(deltas.shards_of(model.get_layer("table").embeddings)) == 2
+    directory = str(tmp_path / "snaps")
+    sync = PeriodicSync(every_n_steps=10, directory=directory, delta_every_n_steps=4)
+
+    class Record(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self._supports_tf_logs = True
+            self.state = None
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch + 1 == 12:  # PeriodicSync's delta of step 12 has just joined: nothing in flight
+                self.state = _state(self.model)
+
+    record = Record()
+    model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1, steps_per_epoch=14,
+              callbacks=[sync, record], verbose=0)
+    # Rows 100..111 in both shards' terms: 12 table rows and 12 accumulator rows since step 10.
+    assert sync.delta_rows == [2 * 8, 2 * 12]
+    tf.io.gfile.rmtree(PeriodicSync.snapshots(directory)[-1].path)  # as if the job died before step 14's snapshot
+
+    local = _linear_model()  # no strategy: one shard
+    sync = PeriodicSync(every_n_steps=10, directory=directory, delta_every_n_steps=4)
+    seen = {}
+
+    class Seen(tf.keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            seen.update(_state(self.model))
+
+    local.fit(_batches(14, start=12), epochs=1, steps_per_epoch=14, callbacks=[sync, Seen()], verbose=0)
+    assert sync.restored.step == 12 and sync.restored.delta_of == 10
+    assert sorted(seen) == sorted(record.state)
+    for name, want in record.state.items():
+        np.testing.assert_array_equal(seen[name], want, err_msg=name)
+    # Rows 100..111 moved; rows 0..7 kept the full snapshot's values; the rest are still zero.
+    assert np.all(seen["table"][100:112] != 0) and np.all(seen["table"][8:100] == 0)

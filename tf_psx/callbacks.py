@@ -858,16 +858,14 @@ class PeriodicSync(_RunCallback):
                 else:
                     unknown.append(path)
                 continue
-            shape = tuple(variable.shape[1:] if rows is not None else variable.shape)
-            got = tuple(values.shape[1:] if rows is not None else values.shape)
-            if shape != got:
-                raise ValueError(self._mismatch(snapshot, f"a delta ({delta.path}) with {path} of shape {got} "
-                                                          f"{'per row ' if rows is not None else ''}where this "
-                                                          f"model has {shape}"))
-            if rows is None:
-                variable.assign(values)
-            elif rows.size:
-                variable.scatter_update(tf.IndexedSlices(tf.constant(values, variable.dtype), tf.constant(rows)))
+            full = _deltas.full_shape(variable)
+            shape, got = (full[1:], values.shape[1:]) if rows is not None else (full, values.shape)
+            if tuple(shape) != tuple(got) or (rows is not None and rows.size and int(rows.max()) >= full[0]):
+                raise ValueError(self._mismatch(snapshot, f"a delta ({delta.path}) with {path} of shape "
+                                                          f"{tuple(got)}{' per row' if rows is not None else ''} "
+                                                          f"where this model has {tuple(full)}"))
+            # Rows count across all shards: the delta restores onto any number of ps tasks.
+            _deltas.apply_rows(variable, rows, values)
         if unknown:
             # Variables made lazily by the first step (compiled metrics): the full snapshot's deferred restore covers them.
             logger.info("PeriodicSync: %d values of the delta %s have no variable yet (e.g. %s); left to the full "

@@ -44,7 +44,8 @@ import tensorflow as tf
 
 from tf_psx import snapshots as _snapshots
 
-__all__ = ["DeltaTracker", "Delta", "write_delta", "latest_delta", "variables_by_path", "MIN_ROWS"]
+__all__ = ["DeltaTracker", "Delta", "write_delta", "latest_delta", "variables_by_path", "apply_rows", "shards_of",
+           "full_shape", "MIN_ROWS"]
 
 logger = logging.getLogger("tf_psx")
 
@@ -61,15 +62,15 @@ def _is_sharded(obj) -> bool:
     return isinstance(obj, tf.__internal__.distribute.ShardedVariable)
 
 
-def variables_by_path(root, skip: tuple = ()) -> dict[str, tf.Variable]:
-    """Every variable reachable from `root` in checkpoint order, by its object path.
+def variables_by_path(root, skip: tuple = ()) -> dict:
+    """Every variable reachable from `root`, by its object path: a tf.Variable or a ShardedVariable.
 
     The path is the chain of checkpoint dependency names ("model/
     layer_with_weights-0/embeddings"), so it is the same in every process that
-    builds the same model; a ShardedVariable's shards are `<path>/part_<i>`.
-    Objects of a type in `skip` are left out (with what hangs below them).
+    builds the same model, whatever the number of shards. Objects of a type
+    in `skip` are left out (with what hangs below them).
     """
-    found: dict[str, tf.Variable] = {}
+    found: dict = {}
     seen = {id(root)}
     queue = [("", root)]
     while queue:
@@ -81,15 +82,33 @@ def variables_by_path(root, skip: tuple = ()) -> dict[str, tf.Variable]:
                 continue
             seen.add(id(child))
             path = f"{prefix}{name}"
-            if _is_sharded(child):
-                for index, shard in enumerate(child.variables):
-                    seen.add(id(shard))
-                    found[f"{path}/part_{index}"] = shard
-            elif isinstance(child, tf.Variable):
+            if _is_sharded(child) or isinstance(child, tf.Variable):
                 found[path] = child
             else:
                 queue.append((f"{path}/", child))
-    return found
+    # A shard reached on its own, as well as through its ShardedVariable, counts once (as part of it).
+    shards = {id(shard) for value in found.values() if _is_sharded(value) for shard in value.variables}
+    return {path: value for path, value in found.items() if id(value) not in shards}
+
+
+def shards_of(value) -> list[tuple[tf.Variable, int]]:
+    """(shard, its first row) for each shard of a ShardedVariable (split along rows), or [(value, 0)]."""
+    if not _is_sharded(value):
+        return [(value, 0)]
+    out, offset = [], 0
+    for shard in value.variables:
+        out.append((shard, offset))
+        offset += int(shard.shape[0])
+    return out
+
+
+def full_shape(value) -> tuple:
+    """The shape of a variable, or of all the shards of a ShardedVariable together."""
+    parts = shards_of(value)
+    first = tuple(parts[0][0].shape)
+    if not first:
+        return first
+    return (sum(int(shard.shape[0]) for shard, _ in parts), *first[1:])
 
 
 def _weights(columns: int) -> np.ndarray:
@@ -109,36 +128,39 @@ class DeltaTracker:
     """Finds the rows of a model's state that changed since the last `rebase()`.
 
     Args:
-      variables: path -> variable (`variables_by_path`).
+      variables: path -> variable or ShardedVariable (`variables_by_path`).
       strategy: the strategy the variables were made under (fingerprints are
-        made beside each variable, on its ps task).
-      min_rows: variables with fewer rows are written whole.
+        made beside each shard, on its ps task).
+      min_rows: variables with fewer rows (all shards together) are written whole.
     """
 
-    def __init__(self, variables: dict[str, tf.Variable], strategy, min_rows: int = MIN_ROWS):
+    def __init__(self, variables: dict, strategy, min_rows: int = MIN_ROWS):
         self.variables = dict(variables)
-        self.tracked = {path: variable for path, variable in self.variables.items()
-                        if variable.shape.rank and variable.shape[0] is not None and variable.shape[0] >= min_rows
-                        and variable.dtype.base_dtype in _BITS}
-        self.whole = {path: variable for path, variable in self.variables.items() if path not in self.tracked}
-        self._prints: dict[str, tf.Variable] = {}
+        self.tracked = {}
+        for path, value in self.variables.items():
+            shape = full_shape(value)
+            if shape and shape[0] >= min_rows and value.dtype.base_dtype in _BITS:
+                self.tracked[path] = value
+        self.whole = {path: value for path, value in self.variables.items() if path not in self.tracked}
+        self._prints: dict[tuple[str, int], tf.Variable] = {}
         self._weights: dict[str, tf.Tensor] = {}
-        for path, variable in self.tracked.items():
-            columns = int(np.prod(variable.shape[1:])) if variable.shape.rank > 1 else 1
-            with strategy.scope(), strategy.extended.colocate_vars_with(variable):
-                self._prints[path] = tf.Variable(tf.zeros([variable.shape[0]], tf.int64), trainable=False,
-                                                 name="tf_psx_row_fingerprints")
-            self._weights[path] = tf.constant(_weights(columns))
+        for path, value in self.tracked.items():
+            shape = full_shape(value)
+            self._weights[path] = tf.constant(_weights(int(np.prod(shape[1:])) if len(shape) > 1 else 1))
+            for index, (shard, _) in enumerate(shards_of(value)):
+                with strategy.scope(), strategy.extended.colocate_vars_with(shard):
+                    self._prints[(path, index)] = tf.Variable(tf.zeros([shard.shape[0]], tf.int64), trainable=False,
+                                                              name="tf_psx_row_fingerprints")
         self._rebase = tf.function(self._rebase_fn, autograph=False)
         self._changed = tf.function(self._changed_fn, autograph=False)
 
-    def add_new(self, variables: dict[str, tf.Variable]) -> list[str]:
+    def add_new(self, variables: dict) -> list[str]:
         """Adds the variables made since (by the first step: counters, metrics); they go whole into deltas.
 
         Returns:
           Their paths.
         """
-        new = {path: variable for path, variable in variables.items() if path not in self.variables}
+        new = {path: value for path, value in variables.items() if path not in self.variables}
         if new:
             self.variables.update(new)
             self.whole.update(new)
@@ -148,22 +170,25 @@ class DeltaTracker:
     @property
     def fingerprint_bytes(self) -> int:
         """Memory the fingerprints take on the ps tasks."""
-        return sum(8 * int(variable.shape[0]) for variable in self.tracked.values())
+        return sum(8 * int(full_shape(value)[0]) for value in self.tracked.values())
 
     def _rebase_fn(self):
-        for path, variable in self.tracked.items():
-            with tf.device(variable.device):
-                self._prints[path].assign(_fingerprint(variable.read_value(), self._weights[path]))
+        for path, value in self.tracked.items():
+            for index, (shard, _) in enumerate(shards_of(value)):
+                with tf.device(shard.device):
+                    self._prints[(path, index)].assign(_fingerprint(shard.read_value(), self._weights[path]))
 
     def _changed_fn(self):
         out = []
-        for path, variable in self.tracked.items():
-            with tf.device(variable.device):
-                value = variable.read_value()
-                rows = tf.where(tf.not_equal(_fingerprint(value, self._weights[path]), self._prints[path]))[:, 0]
-                out.append((rows, tf.gather(value, rows)))
-        for variable in self.whole.values():
-            out.append(variable.read_value())
+        for path, value in self.tracked.items():
+            for index, (shard, _) in enumerate(shards_of(value)):
+                with tf.device(shard.device):
+                    rows = shard.read_value()
+                    moved = tf.not_equal(_fingerprint(rows, self._weights[path]), self._prints[(path, index)])
+                    where = tf.where(moved)[:, 0]
+                    out.append((where, tf.gather(rows, where)))
+        for value in self.whole.values():
+            out.append([shard.read_value() for shard, _ in shards_of(value)])
         return out
 
     def rebase(self) -> None:
@@ -172,14 +197,43 @@ class DeltaTracker:
             self._rebase()
 
     def changed(self) -> dict[str, tuple[np.ndarray | None, np.ndarray]]:
-        """path -> (changed rows, their values) for tracked variables, (None, value) for the rest."""
-        out = self._changed() if self.variables else []
+        """path -> (changed rows, their values) for tracked variables, (None, value) for the rest.
+
+        Rows count across all shards of a ShardedVariable (row r of shard i
+        is its first row + r), so a delta restores onto any number of shards.
+        """
+        out = list(self._changed()) if self.variables else []
         result: dict[str, tuple[np.ndarray | None, np.ndarray]] = {}
-        for path, (rows, values) in zip(self.tracked, out[:len(self.tracked)]):
-            result[path] = (rows.numpy(), values.numpy())
-        for path, value in zip(self.whole, out[len(self.tracked):]):
-            result[path] = (None, value.numpy())
+        for path, value in self.tracked.items():
+            rows, values = [], []
+            for _, offset in shards_of(value):
+                where, gathered = out.pop(0)
+                rows.append(where.numpy() + offset)
+                values.append(gathered.numpy())
+            result[path] = (np.concatenate(rows), np.concatenate(values))
+        for path, value in self.whole.items():
+            parts = [part.numpy() for part in out.pop(0)]
+            result[path] = (None, np.concatenate(parts) if _is_sharded(value) else parts[0])
         return result
+
+
+def apply_rows(value, rows: np.ndarray | None, values: np.ndarray) -> None:
+    """Writes a delta's entry into a variable or ShardedVariable, whatever its number of shards now.
+
+    Args:
+      value: the variable or ShardedVariable.
+      rows: the rows (across all shards), or None for a whole value.
+      values: their values (or the whole value).
+    """
+    for shard, offset in shards_of(value):
+        count = int(shard.shape[0]) if shard.shape.rank else None
+        if rows is None:
+            shard.assign(values[offset:offset + count] if _is_sharded(value) else values)
+            continue
+        mine = (rows >= offset) & (rows < offset + count)
+        if mine.any():
+            shard.scatter_update(tf.IndexedSlices(tf.constant(values[mine], shard.dtype),
+                                                  tf.constant(rows[mine] - offset)))
 
 
 class Delta:
