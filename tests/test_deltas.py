@@ -142,6 +142,10 @@ def test_delta_arguments_and_hash_tables_are_refused_with_the_fix(tmp_path):
     with pytest.raises(ValueError, match="delta_every_n_steps"):
         PeriodicSync(10, str(tmp_path), delta_every_n_steps=2.5)
 
+    with pytest.raises(ValueError, match=r"`delta_rows_by` of PeriodicSync must be 'auto' or 'fingerprint'. "
+                                         r"Received: 'marks'"):
+        PeriodicSync(10, str(tmp_path), delta_every_n_steps=2, delta_rows_by="marks")
+
     keys = tf.keras.Input((2,), dtype=tf.int64)
     rows = tf_psx.layers.DynamicEmbedding(2, name="hashed")(keys)
     model = tf.keras.Model(keys, tf.keras.layers.Lambda(lambda x: tf.reduce_sum(x, axis=[1, 2]))(rows))
@@ -167,6 +171,8 @@ def test_a_crash_after_a_delta_resumes_from_it_and_matches_an_uninterrupted_run(
     resumed = _report(run_script("delta_resume.py", "resume", str(tmp_path / "snap"), str(tmp_path / "res.npz")))
 
     assert resumed["restored_step"] == 35 and resumed["restored_delta_of"] == 20
+    # Non-lazy Adam writes rows beyond the gradient's: its rows are found by content.
+    assert set(resumed["tracking"].values()) == {"fingerprint"} and len(resumed["tracking"]) == 3, resumed
     assert resumed["first_batch_end"] == 36
     assert full["iterations"] == resumed["iterations"] == 60
     assert resumed["snapshots"] == [20, 40, 60]
@@ -188,8 +194,13 @@ def _state(model) -> dict[str, np.ndarray]:
     return values
 
 
-def test_deltas_written_on_two_shards_restore_onto_an_unsharded_model(ps_strategy, tmp_path):
-    """Delta rows count across shards: a delta restores onto another number of ps tasks, like the full snapshot."""
+@pytest.mark.parametrize("rows_by", ["auto", "fingerprint"])
+def test_deltas_written_on_two_shards_restore_onto_an_unsharded_model(ps_strategy, tmp_path, rows_by):
+    """Delta rows count across shards: a delta restores onto another number of ps tasks, like the full snapshot.
+
+    With Adagrad under the cluster, "auto" finds the rows from the marks its
+    updates set; "fingerprint" by content: the same rows either way.
+    """
     first = np.array([[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3]])
     later = np.arange(100, 112).reshape(3, 4)
 
@@ -200,8 +211,11 @@ def test_deltas_written_on_two_shards_restore_onto_an_unsharded_model(ps_strateg
     with ps_strategy.scope():
         model = _linear_model()
     assert len(deltas.shards_of(model.get_layer("table").embeddings)) == 2
+    data = tf.keras.utils.experimental.DatasetCreator(dataset_fn)
+    # A fit first, without deltas: its traced step sets no marks, and must be made again.
+    model.fit(data, epochs=1, steps_per_epoch=2, verbose=0)
     directory = str(tmp_path / "snaps")
-    sync = PeriodicSync(every_n_steps=10, directory=directory, delta_every_n_steps=4)
+    sync = PeriodicSync(every_n_steps=10, directory=directory, delta_every_n_steps=4, delta_rows_by=rows_by)
 
     class Record(tf.keras.callbacks.Callback):
         def __init__(self):
@@ -214,8 +228,10 @@ def test_deltas_written_on_two_shards_restore_onto_an_unsharded_model(ps_strateg
                 self.state = _state(self.model)
 
     record = Record()
-    model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1, steps_per_epoch=14,
-              callbacks=[sync, record], verbose=0)
+    model.fit(data, epochs=1, steps_per_epoch=14, callbacks=[sync, record], verbose=0)
+    how = "marks" if rows_by == "auto" else "fingerprint"
+    assert sorted(sync.delta_tracking.items()) == [("model/layer-1/embeddings", how),
+                                                   ("optimizer/_accumulators/0", how)], sync.delta_tracking
     # Rows 100..111 in both shards' terms: 12 table rows and 12 accumulator rows since step 10.
     assert sync.delta_rows == [2 * 8, 2 * 12]
     tf.io.gfile.rmtree(PeriodicSync.snapshots(directory)[-1].path)  # as if the job died before step 14's snapshot
@@ -235,3 +251,13 @@ def test_deltas_written_on_two_shards_restore_onto_an_unsharded_model(ps_strateg
         np.testing.assert_array_equal(seen[name], want, err_msg=name)
     # Rows 100..111 moved; rows 0..7 kept the full snapshot's values; the rest are still zero.
     assert np.all(seen["table"][100:112] != 0) and np.all(seen["table"][8:100] == 0)
+
+
+def test_which_optimizers_update_only_the_gradient_rows():
+    touched = tf_psx.optimizers.updates_touched_rows_only
+    assert touched(tf_psx.optimizers.LazyAdam()) and touched(tf_psx.optimizers.SGD(momentum=0.9))
+    assert touched(tf.keras.optimizers.Adagrad())
+    # Dense decay, a moving average over every row, moments decayed in full, a momentum slot decayed in full.
+    assert not touched(tf.keras.optimizers.Adagrad(weight_decay=0.01))
+    assert not touched(tf_psx.optimizers.LazyAdam(use_ema=True))
+    assert not touched(tf.keras.optimizers.Adam()) and not touched(tf.keras.optimizers.SGD())

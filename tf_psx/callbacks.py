@@ -33,8 +33,8 @@ from typing import Any, Literal
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import _checks, deltas as _deltas, doctor as _doctor, metrics as _metrics, snapshots as _snapshots
-from tf_psx import tables as _tables
+from tf_psx import _checks, deltas as _deltas, doctor as _doctor, metrics as _metrics, optimizers as _optimizers
+from tf_psx import snapshots as _snapshots, tables as _tables
 from tf_psx._tf import checkpoint as _checkpoint, exact_updates as _exact_updates, fit_hooks as _fit_hooks
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime, tfra as _tfra
 
@@ -690,12 +690,23 @@ class PeriodicSync(_RunCallback):
       delta_every_n_steps: None (no deltas) or an int >= 1 below
         `every_n_steps`: steps between delta snapshots. A delta waits for a
         background full snapshot still being written.
+      delta_rows_by: how a delta finds the changed rows of the tables. "auto":
+        under a ParameterServerStrategy with exact updates and an optimizer
+        whose update writes only the gradient's rows
+        (`tf_psx.optimizers.updates_touched_rows_only`: LazyAdam, tf_psx's
+        SGD, Adagrad), each update marks its rows beside the table, and a
+        delta reads the marks; otherwise, and with "fingerprint", by content
+        (a fingerprint per row). Marks miss values written outside the
+        optimizer (`assign`, `set_weights`) between a full snapshot and a
+        delta; fingerprints miss nothing.
 
     Attributes:
       restored: the `Snapshot` restored when the last fit started, or None.
       snapshot_seconds: seconds of each snapshot this callback wrote.
-      delta_seconds: seconds of each delta (barrier, fingerprints, write).
+      delta_seconds: seconds of each delta (barrier, finding the rows, write).
       delta_rows: rows of the large variables in each delta.
+      delta_tracking: how the changed rows of each large variable are found
+        in this fit: "marks" or "fingerprint" (by checkpoint path).
 
     Raises:
       ValueError: bad arguments, BackupAndRestore in the same fit, or (when
@@ -706,7 +717,8 @@ class PeriodicSync(_RunCallback):
     large variables (the tables and their optimizer slots) that changed since
     the last full snapshot, and every small variable whole, found by a
     fingerprint per row kept on each ps task (`tf_psx.deltas`: exact for
-    every optimizer). A delta is a few files in the full snapshot's directory,
+    every optimizer), or, with an optimizer that writes only the gradient's
+    rows, from marks that each update sets (`delta_rows_by`). A delta is a few files in the full snapshot's directory,
     the manifest last; only the newest is kept (they are cumulative). A fit
     that resumes restores the newest full snapshot, then its newest delta,
     and continues from the delta's step: a crash (a ps task's included)
@@ -732,8 +744,14 @@ class PeriodicSync(_RunCallback):
     """
 
     def __init__(self, every_n_steps: int, directory, max_to_keep: int = 3, background: bool = False,
-                 delta_every_n_steps: int | None = None):
+                 delta_every_n_steps: int | None = None,
+                 delta_rows_by: Literal["auto", "fingerprint"] = "auto"):
         super().__init__()
+        if delta_rows_by not in ("auto", "fingerprint"):
+            raise ValueError(f"Argument `delta_rows_by` of PeriodicSync must be 'auto' or 'fingerprint'. Received: "
+                             f"{delta_rows_by!r}. Fix: pass delta_rows_by='fingerprint' to find changed rows by "
+                             "content only, or leave the default.")
+        self.delta_rows_by = delta_rows_by
         if not isinstance(background, bool):
             raise ValueError(f"Argument `background` of PeriodicSync must be True or False. Received: {background!r}. "
                              "Fix: pass background=True to write snapshots in the background.")
@@ -759,6 +777,7 @@ class PeriodicSync(_RunCallback):
         self.snapshot_seconds: list[float] = []
         self.delta_seconds: list[float] = []
         self.delta_rows: list[int] = []
+        self.delta_tracking: dict[str, str] = {}
         self._tracker = None
         self._base: Snapshot | None = None  # the full snapshot deltas are written against
         self._last_delta = -1
@@ -828,8 +847,11 @@ class PeriodicSync(_RunCallback):
         self.restored = self._restore_newest()
         self._base, self._tracker = self.restored, None
         if self.delta_every_n_steps is not None:
-            self._tracker = _deltas.DeltaTracker(
-                _deltas.variables_by_path(self._checkpoint, skip=_tfra_scratch_types()), strategy)
+            variables = _deltas.variables_by_path(self._checkpoint, skip=_tfra_scratch_types())
+            marks = self._row_marks(variables) if self.delta_rows_by == "auto" else {}
+            self._tracker = _deltas.DeltaTracker(variables, strategy, row_marks=marks)
+            self.delta_tracking = {path: "marks" if path in self._tracker.marked else "fingerprint"
+                                   for path in self._tracker.tracked}
             if self.restored is not None:
                 self._tracker.rebase()  # the full snapshot is the base; its delta is applied on top
                 self.restored = self._apply_newest_delta(self.restored)
@@ -841,6 +863,39 @@ class PeriodicSync(_RunCallback):
             logger.info("PeriodicSync: restored %s (step %d); fit continues at epoch %d, step %d",
                         self.restored.path, self.restored.step, epoch + 1, in_epoch)
         self._last_saved = self._last_delta = self._step
+
+    def _row_marks(self, variables: dict) -> dict:
+        """Masks of the rows each update writes, for the large trainable variables and their slots.
+
+        Only where an update writes nothing but its gradient's rows
+        (`tf_psx.optimizers.updates_touched_rows_only`) and runs through the
+        exact-update lock (a ParameterServerStrategy with `exact_updates`);
+        otherwise {} (every large variable is fingerprinted). A new mask makes
+        the train function again, so that its updates set it.
+        """
+        model, strategy = self.model, self.model.distribute_strategy
+        optimizer = model.optimizer
+        if not (self._is_ps and getattr(strategy, "exact_updates", False) and optimizer is not None
+                and _optimizers.updates_touched_rows_only(optimizer)):
+            return {}
+        large = {id(shard) for value in variables.values()
+                 if _deltas.full_shape(value) and _deltas.full_shape(value)[0] >= _deltas.MIN_ROWS
+                 for shard, _ in _deltas.shards_of(value)}
+        trainable = [variable for variable in model.trainable_variables if id(variable) in large]
+        slots = _exact_updates.slots_of(optimizer, trainable)
+        marks, new = {}, False
+        for variable in trainable:
+            mask = _exact_updates.row_marks_of(optimizer, variable)
+            if mask is None:
+                with strategy.scope(), strategy.extended.colocate_vars_with(variable):
+                    mask = tf.Variable(tf.zeros([variable.shape[0]], tf.bool), trainable=False,
+                                       name="tf_psx_row_marks")
+            new = _exact_updates.register_row_marks(optimizer, variable, mask) or new
+            for shard in [variable, *slots.get(id(variable), [])]:
+                marks[id(shard)] = mask
+        if new:
+            _fit_hooks.rebuild_train_function(model)
+        return marks
 
     def _apply_newest_delta(self, snapshot: Snapshot) -> Snapshot:
         """Applies the newest readable delta of `snapshot`; returns what fit resumes from."""
@@ -866,6 +921,7 @@ class PeriodicSync(_RunCallback):
                                                           f"where this model has {tuple(full)}"))
             # Rows count across all shards: the delta restores onto any number of ps tasks.
             _deltas.apply_rows(variable, rows, values)
+            self._tracker.mark_written(path, rows)
         if unknown:
             # Variables made lazily by the first step (compiled metrics): the full snapshot's deferred restore covers them.
             logger.info("PeriodicSync: %d values of the delta %s have no variable yet (e.g. %s); left to the full "

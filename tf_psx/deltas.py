@@ -20,6 +20,11 @@ with momentum, non-lazy Adam): those rows did change and are sent. The
 price is a pass over each table per delta, on its ps task, and 8 bytes per
 row of memory there.
 
+Where every update goes through tf_psx's exact-update lock and writes only
+its gradient's rows (`tf_psx.optimizers.updates_touched_rows_only`), the
+updates mark their rows in a bool mask beside each table instead
+(`row_marks`), and a delta reads the marks: no pass over the rows.
+
 Deltas are cumulative (each holds everything changed since the base, not
 since the previous delta), so only the newest is kept and a torn one costs
 the step range back to the one before it, never a wrong restore. They are
@@ -132,9 +137,14 @@ class DeltaTracker:
       strategy: the strategy the variables were made under (fingerprints are
         made beside each shard, on its ps task).
       min_rows: variables with fewer rows (all shards together) are written whole.
+      row_marks: id(shard) -> a bool [rows] mask that every update of the
+        shard sets for the rows it writes (`tf_psx._tf.exact_updates.
+        register_row_marks`). A large variable whose every shard has one is
+        tracked by its marks (a pass over the marks, not the rows); the others
+        by fingerprints.
     """
 
-    def __init__(self, variables: dict, strategy, min_rows: int = MIN_ROWS):
+    def __init__(self, variables: dict, strategy, min_rows: int = MIN_ROWS, row_marks: dict | None = None):
         self.variables = dict(variables)
         self.tracked = {}
         for path, value in self.variables.items():
@@ -142,9 +152,16 @@ class DeltaTracker:
             if shape and shape[0] >= min_rows and value.dtype.base_dtype in _BITS:
                 self.tracked[path] = value
         self.whole = {path: value for path, value in self.variables.items() if path not in self.tracked}
+        row_marks = row_marks or {}
+        self.marked = {path: [row_marks[id(shard)] for shard, _ in shards_of(value)]
+                       for path, value in self.tracked.items()
+                       if all(id(shard) in row_marks for shard, _ in shards_of(value))}
+        self._masks = list({id(mask): mask for masks in self.marked.values() for mask in masks}.values())
         self._prints: dict[tuple[str, int], tf.Variable] = {}
         self._weights: dict[str, tf.Tensor] = {}
         for path, value in self.tracked.items():
+            if path in self.marked:
+                continue
             shape = full_shape(value)
             self._weights[path] = tf.constant(_weights(int(np.prod(shape[1:])) if len(shape) > 1 else 1))
             for index, (shard, _) in enumerate(shards_of(value)):
@@ -170,10 +187,15 @@ class DeltaTracker:
     @property
     def fingerprint_bytes(self) -> int:
         """Memory the fingerprints take on the ps tasks."""
-        return sum(8 * int(full_shape(value)[0]) for value in self.tracked.values())
+        return sum(8 * int(full_shape(value)[0]) for path, value in self.tracked.items() if path not in self.marked)
 
     def _rebase_fn(self):
+        for mask in self._masks:
+            with tf.device(mask.device):
+                mask.assign(tf.zeros_like(mask))
         for path, value in self.tracked.items():
+            if path in self.marked:
+                continue
             for index, (shard, _) in enumerate(shards_of(value)):
                 with tf.device(shard.device):
                     self._prints[(path, index)].assign(_fingerprint(shard.read_value(), self._weights[path]))
@@ -183,6 +205,10 @@ class DeltaTracker:
         for path, value in self.tracked.items():
             for index, (shard, _) in enumerate(shards_of(value)):
                 with tf.device(shard.device):
+                    if path in self.marked:
+                        where = tf.where(self.marked[path][index].read_value())[:, 0]
+                        out.append((where, tf.gather(shard, where)))
+                        continue
                     rows = shard.read_value()
                     moved = tf.not_equal(_fingerprint(rows, self._weights[path]), self._prints[(path, index)])
                     where = tf.where(moved)[:, 0]
@@ -195,6 +221,21 @@ class DeltaTracker:
         """Takes the current values as the base (right after a full snapshot or its restore)."""
         if self.tracked:
             self._rebase()
+
+    def mark_written(self, path: str, rows: np.ndarray | None) -> None:
+        """Counts rows written outside the optimizer (a delta applied on resume) as changed since the base.
+
+        Fingerprinted variables need nothing (their content shows it).
+        """
+        if path not in self.marked:
+            return
+        for (shard, offset), mask in zip(shards_of(self.tracked[path]), self.marked[path]):
+            if rows is None:
+                mask.assign(tf.ones_like(mask))
+                continue
+            mine = rows[(rows >= offset) & (rows < offset + int(shard.shape[0]))] - offset
+            if mine.size:
+                mask.scatter_update(tf.IndexedSlices(tf.ones([mine.size], tf.bool), tf.constant(mine)))
 
     def changed(self) -> dict[str, tuple[np.ndarray | None, np.ndarray]]:
         """path -> (changed rows, their values) for tracked variables, (None, value) for the rest.

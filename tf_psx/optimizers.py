@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from tf_psx._tf import keras as _tf_keras
 
-__all__ = ["LazyAdam", "SGD"]
+__all__ = ["LazyAdam", "SGD", "updates_touched_rows_only"]
 
 _keras = _tf_keras.keras()
 
@@ -425,3 +425,20 @@ class SGD(_TouchedRowsWeightDecay, _keras.optimizers.SGD):
         step = momentum * m_rows - lr * values if self.nesterov else m_rows
         variable.scatter_add(tf.IndexedSlices(step, rows))
         return None
+
+
+def updates_touched_rows_only(optimizer) -> bool:
+    """True when a sparse gradient's update writes only its rows, in the variable and in its slots.
+
+    So for `tf_psx.optimizers.LazyAdam` and `SGD`, and for tf-keras's own
+    `Adagrad` without weight decay; never with `use_ema` (the moving average
+    is updated over every row). Stock `Adam`, `SGD` (its momentum slot is
+    decayed in full even at momentum 0) and the rest write every row whose
+    state is not zero. `tf_psx.callbacks.PeriodicSync`'s delta snapshots use
+    this to find the changed rows from the updates instead of by content.
+    """
+    if getattr(optimizer, "use_ema", False):
+        return False
+    if isinstance(optimizer, (LazyAdam, SGD)):
+        return True
+    return type(optimizer) is _keras.optimizers.Adagrad and getattr(optimizer, "weight_decay", None) is None

@@ -50,6 +50,8 @@ _STATE_ATTR = "_tf_psx_update_locks"
 _STEPS_ATTR = "_tf_psx_local_steps"
 # Counter values to set when the counter is made (`restore_counter_later`).
 _PENDING_ATTR = "_tf_psx_pending_steps"
+# Row marks (`register_row_marks`): variable key -> bool [rows], set by every update of the variable.
+_MARKS_ATTR = "_tf_psx_row_marks"
 # Mutexes are shared by name on their ps task; the counter keeps two
 # optimizers (or two processes' variables of one name) apart.
 _LOCK_PREFIX = "tf_psx_update_lock"
@@ -131,6 +133,50 @@ def _keep_in_saved_children(optimizer) -> None:
     cached = optimizer.__dict__.get("_coalesced_children")
     if cached is not None and _STEPS_ATTR not in cached:
         cached[_STEPS_ATTR] = getattr(optimizer, _STEPS_ATTR)
+
+
+def register_row_marks(optimizer, variable, mask) -> bool:
+    """Has every exact update of `variable` (a shard) set `mask[row]` for the rows it writes.
+
+    Only updates traced after the registration set marks: the caller makes
+    the train function again when this returns True (a new registration).
+
+    Returns:
+      True when `mask` was not registered for `variable` before.
+    """
+    marks = optimizer.__dict__.setdefault(_MARKS_ATTR, {})
+    key = optimizer._var_key(variable)  # pylint: disable=protected-access
+    new = marks.get(key) is not mask
+    marks[key] = mask
+    return new
+
+
+def row_marks_of(optimizer, variable):
+    """The mask registered for `variable`, or None."""
+    return optimizer.__dict__.get(_MARKS_ATTR, {}).get(optimizer._var_key(variable))  # pylint: disable=protected-access
+
+
+def slots_of(optimizer, variables: list) -> dict[int, list]:
+    """The optimizer slots made for each variable (shard): id(variable) -> its slot shards.
+
+    tf-keras 2.16 names a slot `<optimizer name>/<slot name>/<variable's
+    shared name>` (`add_variable_from_reference`); a slot whose name, shape
+    or device does not match exactly is left out (the caller treats the
+    variables it cannot pair by content).
+    """
+    by_name = {variable.name.split(":")[0]: variable for variable in variables}
+    prefix = f"{optimizer.name}/"
+    out: dict[int, list] = {}
+    for value in optimizer.variables:
+        shards = list(value.variables) if isinstance(value, tf.__internal__.distribute.ShardedVariable) else [value]
+        for slot in shards:
+            name = slot.name.split(":")[0]
+            if not name.startswith(prefix) or "/" not in name[len(prefix):]:
+                continue
+            owner = by_name.get(name[len(prefix):].split("/", 1)[1])
+            if owner is not None and slot.shape == owner.shape and slot.device == owner.device:
+                out.setdefault(id(owner), []).append(slot)
+    return out
 
 
 def counter_path_name(path: str) -> str | None:
@@ -261,12 +307,27 @@ def _run_counted(optimizer, step, run):
         return step.assign_add(1, read_value=True) if counted else tf.constant(0, tf.int64)
 
 
+def _mark_rows(optimizer, gradient, variable) -> None:
+    """Marks the rows this update writes, when marks are registered for `variable`."""
+    mask = optimizer.__dict__.get(_MARKS_ATTR, {}).get(optimizer._var_key(variable))  # pylint: disable=protected-access
+    if mask is None:
+        return
+    if isinstance(gradient, tf.IndexedSlices):
+        mask.scatter_update(tf.IndexedSlices(tf.ones_like(gradient.indices, dtype=tf.bool), gradient.indices))
+    else:
+        mask.assign(tf.ones_like(mask, dtype=tf.bool))
+
+
 def _locked_update(original, optimizer, gradient, variable):
     lock, step = _state_for(optimizer, variable)
     gradient = _on_variable_device(gradient, variable)
 
+    def run():
+        original(optimizer, gradient, variable)
+        _mark_rows(optimizer, gradient, variable)
+
     def update():
-        return _run_counted(optimizer, step, lambda: original(optimizer, gradient, variable))
+        return _run_counted(optimizer, step, run)
 
     return _execute_unordered(lock, update, step)
 
