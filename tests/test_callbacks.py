@@ -57,7 +57,7 @@ def test_public_signatures():
 
     assert str(inspect.signature(cb.PeriodicSync)) == (
         "(every_n_steps: 'int', directory, max_to_keep: 'int' = 3, background: 'bool' = False, "
-        "delta_every_n_steps: 'int | None' = None)")
+        "delta_every_n_steps: 'int | None' = None, delta_rows_by: \"Literal['auto', 'fingerprint']\" = 'auto')")
     assert str(inspect.signature(cb.StalenessBound)) == "(max_staleness: 'int', policy: 'Policy' = 'drop')"
     assert "callbacks" in tf_psx.__all__ and tf_psx.callbacks is cb
 

@@ -114,18 +114,34 @@ def test_a_resume_applies_the_newest_delta_and_a_torn_one_falls_back(kind, tmp_p
         v.numpy() for v in resumed.weights + resumed.optimizer.variables])
     resumed.fit(_batches(14, start=12), epochs=1, steps_per_epoch=14, callbacks=[sync, seen], verbose=0)
     assert sync.restored.step == 12 and sync.restored.delta_of == 10 and sync.restored.path == base
+    # What a script reads to skip the batches already trained: the delta's step.
+    fs.rmtree(PeriodicSync.snapshots(directory)[-1].path)  # the full snapshot of step 14 again
+    latest = PeriodicSync.latest(directory)
+    assert (latest.step, latest.delta_of, latest.path) == (12, 10, base)
     assert len(seen.state) == len(record.state)
     for got, want in zip(seen.state, record.state):
         np.testing.assert_array_equal(got, want)
 
+    # A delta written before its full snapshot (a leftover of an earlier run) is never applied.
+    caplog.set_level(logging.WARNING, logger="tf_psx")
+    manifest_path = f"{base}/delta-000000000012.json"
+    manifest = fs.GFile(manifest_path, "rb").read()
+    fs.remove(manifest_path)
+    with fs.GFile(manifest_path, "wb") as handle:
+        handle.write(json.dumps({**json.loads(manifest), "time": 0.0}).encode())
+    assert PeriodicSync.latest(directory).step == 10
+    assert "written before its full snapshot" in caplog.text
+    fs.remove(manifest_path)
+    with fs.GFile(manifest_path, "wb") as handle:
+        handle.write(manifest)
+    assert PeriodicSync.latest(directory).step == 12
+
     # A torn delta (the rows file cut short) is skipped: the full snapshot is restored.
-    fs.rmtree(PeriodicSync.snapshots(directory)[-1].path)  # the full snapshot of step 14 again
     npz = f"{base}/delta-000000000012.npz"
     data = fs.GFile(npz, "rb").read()
     fs.remove(npz)  # ram:// appends to a file opened for writing again
     with fs.GFile(npz, "wb") as handle:
         handle.write(data[: len(data) // 2])
-    caplog.set_level(logging.WARNING, logger="tf_psx")
     again = _linear_model()
     sync = PeriodicSync(every_n_steps=10, directory=directory, delta_every_n_steps=4)
     again.fit(_batches(14, start=10), epochs=1, steps_per_epoch=14, callbacks=[sync], verbose=0)
@@ -261,3 +277,33 @@ def test_which_optimizers_update_only_the_gradient_rows():
     assert not touched(tf.keras.optimizers.Adagrad(weight_decay=0.01))
     assert not touched(tf_psx.optimizers.LazyAdam(use_ema=True))
     assert not touched(tf.keras.optimizers.Adam()) and not touched(tf.keras.optimizers.SGD())
+
+
+class _OwnStep(tf.keras.Model):
+    def train_step(self, data):  # a train_step of its own: it could write the table any way it likes
+        return super().train_step(data)
+
+
+def test_marks_are_not_used_where_something_else_writes_the_rows(ps_strategy, tmp_path):
+    """A Keras constraint rewrites the whole variable after the update; a train_step of one's own may write anything."""
+    def dataset_fn(_ctx):
+        return tf.data.Dataset.range(6).map(lambda k: (tf.reshape(tf.range(4, dtype=tf.int64) + k, [1, 4]),
+                                                      tf.zeros([1])))
+
+    def build(constraint=None, model_class=tf.keras.Model):
+        ids = tf.keras.Input((4,), dtype=tf.int64)
+        rows = tf.keras.layers.Embedding(ROWS, DIM, embeddings_initializer="zeros", name="table",
+                                         embeddings_constraint=constraint)(ids)
+        model = model_class(ids, tf.keras.layers.Lambda(lambda x: tf.reduce_sum(x, axis=[1, 2]))(rows))
+        model.compile("adagrad", lambda y, p: tf.reduce_mean(p) + 0.0 * tf.reduce_mean(y))
+        return model
+
+    for name, kwargs in [("constraint", {"constraint": tf.keras.constraints.MaxNorm(1.0)}),
+                         ("own train_step", {"model_class": _OwnStep})]:
+        with ps_strategy.scope():
+            model = build(**kwargs)
+        sync = PeriodicSync(every_n_steps=4, directory=str(tmp_path / name), delta_every_n_steps=2)
+        model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1, steps_per_epoch=6,
+                  callbacks=[sync], verbose=0)
+        assert set(sync.delta_tracking.values()) == {"fingerprint"}, (name, sync.delta_tracking)
+        assert len(sync.delta_rows) == 1 and sync.delta_rows[0] > 0, (name, sync.delta_rows)

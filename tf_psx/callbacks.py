@@ -696,9 +696,12 @@ class PeriodicSync(_RunCallback):
         (`tf_psx.optimizers.updates_touched_rows_only`: LazyAdam, tf_psx's
         SGD, Adagrad), each update marks its rows beside the table, and a
         delta reads the marks; otherwise, and with "fingerprint", by content
-        (a fingerprint per row). Marks miss values written outside the
-        optimizer (`assign`, `set_weights`) between a full snapshot and a
-        delta; fingerprints miss nothing.
+        (a fingerprint per row). Marks are not used for a variable with a
+        Keras constraint (applied to every row after the update) or one the
+        optimizer was not built for, nor for a model with a `train_step` of
+        its own. They miss values written outside the optimizer (`assign`,
+        `set_weights`) between a full snapshot and a delta; fingerprints miss
+        nothing.
 
     Attributes:
       restored: the `Snapshot` restored when the last fit started, or None.
@@ -798,9 +801,17 @@ class PeriodicSync(_RunCallback):
 
     @staticmethod
     def latest(directory) -> Snapshot | None:
-        """The newest complete snapshot in `directory`, or None."""
+        """Where a fit in `directory` resumes: the newest complete snapshot, or None.
+
+        When that snapshot has a readable delta snapshot, its `step`, `epoch`
+        and `step_in_epoch` are the delta's (`delta_of` is the full
+        snapshot's step; `path` and `checkpoint` stay the full snapshot's).
+        """
         found = PeriodicSync.snapshots(directory)
-        return found[-1] if found else None
+        if not found:
+            return None
+        delta = _deltas.latest_delta(found[-1].path, found[-1].step)
+        return found[-1] if delta is None else _with_delta(found[-1], delta)
 
     # -- fit hooks ------------------------------------------------------------
 
@@ -881,7 +892,14 @@ class PeriodicSync(_RunCallback):
         large = {id(shard) for value in variables.values()
                  if _deltas.full_shape(value) and _deltas.full_shape(value)[0] >= _deltas.MIN_ROWS
                  for shard, _ in _deltas.shards_of(value)}
-        trainable = [variable for variable in model.trainable_variables if id(variable) in large]
+        if type(model).train_step is not _keras.Model.train_step:
+            # A train_step of its own may write the tables otherwise (another optimizer, a direct assign).
+            return {}
+        # Marked: what the optimizer updates and nothing rewrites in full afterwards (a Keras constraint
+        # is applied to the whole variable after the update).
+        trainable = [variable for variable in model.trainable_variables
+                     if id(variable) in large and getattr(variable, "constraint", None) is None
+                     and _exact_updates.updates(optimizer, variable)]
         slots = _exact_updates.slots_of(optimizer, trainable)
         marks, new = {}, False
         for variable in trainable:
@@ -923,15 +941,13 @@ class PeriodicSync(_RunCallback):
             _deltas.apply_rows(variable, rows, values)
             self._tracker.mark_written(path, rows)
         if unknown:
-            # Variables made lazily by the first step (compiled metrics): the full snapshot's deferred restore covers them.
-            logger.info("PeriodicSync: %d values of the delta %s have no variable yet (e.g. %s); left to the full "
-                        "snapshot's restore", len(unknown), delta.path, unknown[0])
-        manifest = delta.manifest
+            # Variables made lazily by the first step (compiled metrics): the full snapshot's deferred restore
+            # covers them, at the full snapshot's values.
+            logger.warning("PeriodicSync: %d values of the delta %s have no variable here yet, and keep the values "
+                           "of the full snapshot: %s", len(unknown), delta.path, ", ".join(unknown[:_NAMES_SHOWN]))
         logger.info("PeriodicSync: applied the delta of step %d (%d rows) on top of %s", delta.step,
-                    manifest.get("rows", 0), snapshot.path)
-        return dataclasses.replace(snapshot, step=delta.step, epoch=int(manifest["epoch"]),
-                                   step_in_epoch=int(manifest["step_in_epoch"]),
-                                   steps_per_epoch=manifest.get("steps_per_epoch"), delta_of=snapshot.step)
+                    delta.manifest.get("rows", 0), snapshot.path)
+        return _with_delta(snapshot, delta)
 
     def _restore_newest(self) -> Snapshot | None:
         """Restores the newest snapshot that can be read; None when there is none.
@@ -998,7 +1014,7 @@ class PeriodicSync(_RunCallback):
         self._step = self._epoch_start + int(batch) + 1
         if self._step // self.every_n_steps > self._last_saved // self.every_n_steps:
             self._snapshot()
-        elif (self._tracker is not None
+        elif (self._tracker is not None and self._writes
               and self._step // self.delta_every_n_steps > self._last_delta // self.delta_every_n_steps):
             if self._base is None:
                 self._snapshot()  # the first delta point has nothing to be a delta of: a full snapshot
@@ -1077,6 +1093,14 @@ class PeriodicSync(_RunCallback):
         self.snapshot_seconds.append(seconds)
         self._seconds.append(seconds)
         logger.info("PeriodicSync: snapshot of step %d in %.2f s (barrier %.2f s)", step, seconds, barrier)
+
+def _with_delta(snapshot: Snapshot, delta) -> Snapshot:
+    """The resume point of a full snapshot and its delta."""
+    manifest = delta.manifest
+    return dataclasses.replace(snapshot, step=delta.step, epoch=int(manifest["epoch"]),
+                               step_in_epoch=int(manifest["step_in_epoch"]),
+                               steps_per_epoch=manifest.get("steps_per_epoch"), delta_of=snapshot.step)
+
 
 # PeriodicSync callbacks with a background snapshot in flight, and their strategy.
 _WRITING: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -359,16 +359,24 @@ def _remove_delta(snapshot_dir: str, step: int, fs) -> None:
 def latest_delta(snapshot_dir: str, base_step: int) -> Delta | None:
     """The newest delta of the snapshot in `snapshot_dir` that can be read, or None.
 
-    A delta whose files cannot be read (or that names another base) is
-    skipped with a warning, and an older one is tried.
+    A delta whose files cannot be read, that names another base, or that was
+    written before its base was (a leftover of an earlier run whose snapshot
+    of the same step was replaced in place, on a filesystem without renames)
+    is skipped with a warning, and an older one is tried.
     """
     fs = _snapshots.filesystem(snapshot_dir)
+    try:
+        base_time = float(json.loads(fs.read_text(fs.join(snapshot_dir, _snapshots.MANIFEST))).get("time", 0.0))
+    except Exception:  # pylint: disable=broad-except  (no readable manifest: no base to apply a delta to)
+        return None
     for step in reversed(_delta_steps(snapshot_dir, fs)):
         npz_name, json_name = _names(step)
         try:
             manifest = json.loads(fs.read_bytes(fs.join(snapshot_dir, json_name)))
             if int(manifest["base_step"]) != base_step or int(manifest["step"]) != step:
                 raise ValueError(f"it names base step {manifest['base_step']} and step {manifest['step']}")
+            if float(manifest.get("time", 0.0)) < base_time:
+                raise ValueError("it was written before its full snapshot: a leftover of an earlier run")
             with np.load(io.BytesIO(fs.read_bytes(fs.join(snapshot_dir, npz_name)))) as loaded:
                 arrays = {name: loaded[name] for name in loaded.files}
             delta = Delta(fs.join(snapshot_dir, json_name), manifest, arrays)

@@ -151,6 +151,11 @@ def register_row_marks(optimizer, variable, mask) -> bool:
     return new
 
 
+def updates(optimizer, variable) -> bool:
+    """True when `optimizer` was built for `variable` (it has a slot index for it)."""
+    return optimizer._var_key(variable) in getattr(optimizer, "_index_dict", {})  # pylint: disable=protected-access
+
+
 def row_marks_of(optimizer, variable):
     """The mask registered for `variable`, or None."""
     return optimizer.__dict__.get(_MARKS_ATTR, {}).get(optimizer._var_key(variable))  # pylint: disable=protected-access
@@ -164,7 +169,9 @@ def slots_of(optimizer, variables: list) -> dict[int, list]:
     or device does not match exactly is left out (the caller treats the
     variables it cannot pair by content).
     """
-    by_name = {variable.name.split(":")[0]: variable for variable in variables}
+    names = [variable.name.split(":")[0] for variable in variables]
+    # A name two variables share pairs with neither: their slots are fingerprinted.
+    by_name = {name: variable for name, variable in zip(names, variables) if names.count(name) == 1}
     prefix = f"{optimizer.name}/"
     out: dict[int, list] = {}
     for value in optimizer.variables:
