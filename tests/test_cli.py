@@ -21,7 +21,7 @@ import yaml
 
 from tf_psx import cli
 from tf_psx.cluster import ClusterConfig
-from tf_psx.k8s import tfjob_manifest
+from tf_psx.k8s import tfjob_manifest, tls_network_policy
 
 SCHEMA = json.loads((Path(__file__).parent / "tfjob_v1_schema.json").read_text(encoding="utf-8"))
 VALID_TF_CONFIG = json.dumps(
@@ -239,6 +239,18 @@ def test_k8s_bad_options_exit_2_naming_the_option(run, tmp_path, replace, match)
     assert re.search(match, err), err
     assert "Fix: " in err
     assert not path.exists()
+
+
+def test_k8s_tls_secret_writes_the_tfjob_and_its_network_policy(run):
+    status, out, err = run(*K8S_ARGS, "--namespace", "ml", "--tls-secret", "ctr-tls", "--", "python", "train.py")
+    assert status == 0 and "TLS only, with its NetworkPolicy" in err
+    job, policy = yaml.safe_load_all(out)
+    jsonschema.validate(job, SCHEMA, cls=jsonschema.Draft202012Validator)
+    assert job == tfjob_manifest("ctr", "img:1", ["python", "train.py"], workers=2, ps=1, namespace="ml",
+                                 tls_secret="ctr-tls")
+    assert policy == tls_network_policy("ctr", namespace="ml")
+    status, _, err = run(*K8S_ARGS, "--tls-secret", "Ctr_TLS", "--", "python", "train.py")
+    assert status == 2 and err.startswith("tf-psx k8s: error: Option `--tls-secret` must be the name")
 
 
 def test_k8s_without_a_command(run):

@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tf_psx import k8s
+from tf_psx import k8s, tlsmesh
 from tf_psx.cluster import ClusterConfig
 from tf_psx.k8s import ManifestError, operator_tf_config, tfjob_manifest
 
@@ -72,12 +72,13 @@ def operator_cluster(manifest: dict) -> dict[str, list[str]]:
 
 
 def test_public_api_is_pinned():
-    assert k8s.__all__ == ["ManifestError", "operator_tf_config", "tfjob_manifest"]
+    assert k8s.__all__ == ["ManifestError", "operator_tf_config", "tfjob_manifest", "tls_network_policy"]
     assert issubclass(ManifestError, ValueError)
     assert str(inspect.signature(tfjob_manifest)) == (
         "(name: 'str', image: 'str', command: 'Sequence[str]', workers: 'int', ps: 'int', "
         "evaluator: 'bool' = False, cpu: 'str | None' = None, memory: 'str | None' = None, "
-        "gpus: 'int' = 0, namespace: 'str | None' = None, port: 'int' = 2222) -> 'dict[str, Any]'"
+        "gpus: 'int' = 0, namespace: 'str | None' = None, port: 'int' = 2222, "
+        "tls_secret: 'str | None' = None) -> 'dict[str, Any]'"
     )
     assert str(inspect.signature(operator_tf_config)) == (
         "(name: 'str', replica_type: 'str', index: 'int', workers: 'int', ps: 'int', "
@@ -315,3 +316,45 @@ def test_the_cpu_request_sizes_the_servers_thread_pools(cpu, threads):
         assert {"name": "TF_PSX_INTRA_OP_THREADS", "value": str(threads)} in replica_container(manifest, rtype)["env"]
     for rtype in ("Chief", "Evaluator"):  # the user's command: its threads are its own
         assert all(e["name"] != "TF_PSX_INTRA_OP_THREADS" for e in replica_container(manifest, rtype)["env"])
+
+
+# --- TLS between the pods -----------------------------------------------------
+
+
+@pytest.mark.parametrize("port", [2222, 23456])
+def test_tls_wraps_every_command_in_the_mesh_whose_door_is_the_only_open_port(port):
+    manifest = tfjob_manifest("ctr", IMAGE, COMMAND, workers=2, ps=2, evaluator=True, namespace="ml",
+                              port=port, tls_secret="ctr-tls")
+    jsonschema.validate(manifest, SCHEMA, cls=jsonschema.Draft202012Validator)
+    policy = k8s.tls_network_policy("ctr", namespace="ml", port=port)
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": port}]
+    # The policy selects the pods the operator labels with the job's name, and admits only them.
+    assert policy["spec"]["podSelector"] == rule["from"][0]["podSelector"] == {
+        "matchLabels": {"training.kubeflow.org/job-name": "ctr"}}
+    assert policy["metadata"] == {"name": "ctr-tls-only", "namespace": "ml"}
+    cluster = operator_cluster(manifest)
+    for rtype, spec in manifest["spec"]["tfReplicaSpecs"].items():
+        container = replica_container(manifest, rtype)
+        mesh, runs = container["command"][:6], container["command"][6:]
+        assert mesh == ["python", "-m", "tf_psx.tlsmesh", "--cert-dir", "/etc/tf-psx/tls", "--"]
+        assert runs == (COMMAND if rtype in ("Chief", "Evaluator") else ["python", "-m", "tf_psx.server"])
+        assert container["volumeMounts"] == [{"name": "tf-psx-tls", "mountPath": "/etc/tf-psx/tls", "readOnly": True}]
+        assert spec["template"]["spec"]["volumes"] == [{"name": "tf-psx-tls", "secret": {"secretName": "ctr-tls"}}]
+        for index in range(spec["replicas"]):
+            plan = tlsmesh.mesh_plan({"cluster": cluster, "task": {"type": rtype.lower(), "index": index}})
+            # The door listens on the port that the operator's addresses and the policy name...
+            assert list(plan.accept) == ([] if rtype == "Evaluator" else [f"0.0.0.0:{port}"])
+            # ...and the task's own process is given loopback addresses only.
+            addresses = [a for job in plan.local_tf_config["cluster"].values() for a in job]
+            assert len(addresses) == 5 and all(a.startswith("127.0.0.1:") for a in addresses)
+    plain = tfjob_manifest("ctr", IMAGE, COMMAND, workers=2, ps=2)
+    assert "volumes" not in plain["spec"]["tfReplicaSpecs"]["PS"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("secret", ["CTR_TLS", "", 3])
+def test_a_bad_tls_secret_name_is_named_with_the_fix(secret):
+    with pytest.raises(ManifestError, match=r"`tls_secret` must be the name of a Kubernetes secret .*"
+                                            r"received .*Fix: create one with cert-manager") as info:
+        tfjob_manifest("ctr", IMAGE, COMMAND, workers=1, ps=1, tls_secret=secret)
+    assert info.value.argument == "tls_secret"

@@ -9,6 +9,11 @@ trip of 40 ms) and training must still complete. The proxy variant adds the
 same delay without netem: every task's address in `TF_CONFIG` is a port of
 `tf_psx.netproxy` in the switch namespace, which relays it, 20 ms late in
 each direction, to the task's host; so it runs on kernels without sch_netem.
+The TLS variant runs every task inside `tf_psx.tlsmesh` (mutual TLS between
+the hosts, certificates made with openssl): the tasks are given loopback
+addresses only, so the job can train only if every byte between the hosts
+went through the tunnels; and a client without the cluster's certificate is
+refused at a task's door.
 
 Skipped, with the reason, when not run as root, when `ip` or `tc` is missing,
 or (the netem variant) when the kernel has no netem qdisc.
@@ -27,11 +32,12 @@ import time
 
 import pytest
 
-from tf_psx import netproxy
+from tf_psx import netproxy, tlsmesh
 from tf_psx.cluster import ClusterConfig
 from tf_psx.server import READY_MARK
 
 from launch_harness import SCRIPTS
+from tls_pki import make_pki
 
 pytestmark = pytest.mark.processes
 
@@ -189,8 +195,29 @@ def _start_proxy(hosts: _Hosts, tmp_path, env: dict, procs: list) -> tuple[dict[
     return {task: f"{switch_ip}:{port}" for task, port in PROXY_PORTS.items()}, proxy_log
 
 
-@pytest.mark.parametrize("delay_ms, via", [(0, "link"), (DELAY_MS, "netem"), (DELAY_MS, "proxy")],
-                         ids=["no-delay", f"netem-{DELAY_MS}ms", f"proxy-{DELAY_MS}ms"])
+def _check_tls_doors(hosts: _Hosts, addresses: dict, pki: dict, logs: dict) -> None:
+    """Each task was given loopback addresses only, and refuses a client without the cluster's certificate."""
+    for task, log_path in logs.items():
+        with open(log_path, encoding="utf-8", errors="replace") as handle:
+            ready = [line for line in handle if line.startswith(tlsmesh.READY_MARK)]
+        assert ready and "the command sees" in ready[0], (task, ready)
+        seen = json.loads(ready[0].split("the command sees ", 1)[1])
+        assert all(a.startswith("127.0.0.1:") for job in seen.values() for a in job), (task, seen)
+    probe = ("import sys; sys.path.insert(0, {tests!r}); from tls_pki import refused_without_certificate; "
+             "print(refused_without_certificate(({host!r}, {port}), {ca!r}))")
+    host, port = addresses["ps"].rsplit(":", 1)
+    refusal = _run(*hosts.exec_argv("chief", sys.executable, "-c", probe.format(
+        tests=os.path.dirname(__file__), host=host, port=int(port), ca=pki["ca"])))
+    assert refusal.returncode == 0 and refusal.stdout.strip(), refusal
+
+
+def _tls_stats(log_path: str) -> dict:
+    with open(log_path, encoding="utf-8", errors="replace") as handle:
+        return json.loads(handle.read().strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("delay_ms, via", [(0, "link"), (DELAY_MS, "netem"), (DELAY_MS, "proxy"), (0, "tls")],
+                         ids=["no-delay", f"netem-{DELAY_MS}ms", f"proxy-{DELAY_MS}ms", "tls-mesh"])
 def test_ps_worker_and_chief_on_three_hosts(tmp_path, delay_ms, via):
     reason = _skip_reason()
     if reason:
@@ -200,6 +227,12 @@ def test_ps_worker_and_chief_on_three_hosts(tmp_path, delay_ms, via):
     env = dict(os.environ, GRPC_FAIL_FAST="use_caller", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
     addresses = {task: f"{hosts.ip(task)}:{PORT}" for task in HOSTS}
     proxy = None
+    mesh: list[str] = []
+    if via == "tls":
+        if shutil.which("openssl") is None:
+            pytest.skip("the TLS variant makes its certificates with openssl")
+        pki = make_pki(str(tmp_path))
+        mesh = [sys.executable, "-m", "tf_psx.tlsmesh", "--cert-dir", pki["mesh_dir"], "--"]
     try:
         hosts.create()
         if via == "proxy":
@@ -215,18 +248,20 @@ def test_ps_worker_and_chief_on_three_hosts(tmp_path, delay_ms, via):
             assert len(rtts) == PING_COUNT and min(rtts) >= 2 * delay_ms * 0.9, ping.stdout
         config = ClusterConfig(workers=[addresses["worker"]], ps=[addresses["ps"]], chief=addresses["chief"])
         servers = []
+        logs = {}
         for task in ("ps", "worker"):
-            log_path = str(tmp_path / f"{task}.log")
-            procs.append(_start_logged(hosts.exec_argv(task, sys.executable, "-m", "tf_psx.server"),
+            logs[task] = log_path = str(tmp_path / f"{task}.log")
+            procs.append(_start_logged(hosts.exec_argv(task, *mesh, sys.executable, "-m", "tf_psx.server"),
                                        dict(env, TF_CONFIG=config.to_json(task, 0)), log_path))
             servers.append(procs[-1])
             _wait_ready(procs[-1], log_path, task)
-        # Separate hosts: from the chief's host, the ps port is not on loopback.
-        probe = f"import socket; print(socket.socket().connect_ex(('127.0.0.1', {PORT})))"
-        assert _run(*hosts.exec_argv("chief", sys.executable, "-c", probe)).stdout.strip() != "0"
+        if not mesh:
+            # Separate hosts: from the chief's host, the ps port is not on loopback.
+            probe = f"import socket; print(socket.socket().connect_ex(('127.0.0.1', {PORT})))"
+            assert _run(*hosts.exec_argv("chief", sys.executable, "-c", probe)).stdout.strip() != "0"
         result_path = tmp_path / "result.json"
         chief = subprocess.Popen(  # pylint: disable=consider-using-with
-            hosts.exec_argv("chief", sys.executable, os.path.join(SCRIPTS, "launch_train.py"),
+            hosts.exec_argv("chief", *mesh, sys.executable, os.path.join(SCRIPTS, "launch_train.py"),
                             "--epochs", "1", "--steps", str(STEPS), "--result", str(result_path)),
             env=dict(env, TF_CONFIG=config.to_json("chief", 0)), stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True,
@@ -242,6 +277,17 @@ def test_ps_worker_and_chief_on_three_hosts(tmp_path, delay_ms, via):
         assert result["iterations"] == STEPS and result["steps_with_loss"] == STEPS, result
         # The servers were still serving at the end (none crashed).
         assert all(proc.poll() is None for proc in servers)
+        if mesh:
+            _check_tls_doors(hosts, addresses, pki, logs)
+            for proc in servers:
+                _stop(proc)
+            for task in ("ps", "worker"):
+                # The task's door carried the chief's (and, for the ps, the worker's) connections.
+                (door,) = _tls_stats(logs[task])["accept"].values()
+                assert door["connections"] >= 1 and door["bytes_up"] > 0 and door["bytes_down"] > 0, (task, door)
+            # The chief's mesh printed its stats once the training script exited.
+            chief_mesh = json.loads(output.strip().splitlines()[-1])
+            assert sum(route["bytes_up"] for route in chief_mesh["connect"].values()) > 0, chief_mesh
         if proxy is not None:
             # Every task's traffic went through the proxy (its byte counts, printed when it stops).
             _stop(proxy)

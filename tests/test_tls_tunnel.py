@@ -3,49 +3,24 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import ssl
-import subprocess
 
 import pytest
 
 from tf_psx.netproxy import TLSTunnel, tls_context
 
 from echo_server import EchoServer
+from tls_pki import make_pki, needs_openssl, refused_without_certificate
 
 WAIT_S = 30
-REFUSAL_TIMEOUT_S = 10  # the tunnel answers a bad handshake at once; a timeout would be a hang
 PAYLOAD = os.urandom(256 * 1024)
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="the test makes its certificates with openssl")
-
-
-def _openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _ca(directory, name):
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
-             "-keyout", f"{name}.key", "-out", f"{name}.pem", cwd=directory)
-    return os.path.join(directory, f"{name}.pem")
-
-
-def _cert(directory, name, ca):
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
-             "-out", f"{name}.csr", cwd=directory)
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
-             "-days", "2", "-out", f"{name}.pem", cwd=directory)
-    return os.path.join(directory, f"{name}.pem"), os.path.join(directory, f"{name}.key")
+pytestmark = needs_openssl
 
 
 @pytest.fixture(name="pki", scope="module")
 def _pki(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("pki"))
-    ca = _ca(directory, "cluster-ca")
-    rogue_ca = _ca(directory, "rogue-ca")
-    return {"ca": ca, "task": _cert(directory, "task", "cluster-ca"), "client": _cert(directory, "client", "cluster-ca"),
-            "rogue": _cert(directory, "rogue", "rogue-ca"), "rogue_ca": rogue_ca}
+    return make_pki(str(tmp_path_factory.mktemp("pki")))
 
 
 def _round_trip(address, payload=PAYLOAD) -> bytes:
@@ -81,28 +56,16 @@ def test_a_client_without_the_clusters_certificate_is_refused(pki, who):
     echo = EchoServer()
     accept = TLSTunnel({"127.0.0.1:0": echo.address}, "accept", tls_context("accept", *pki["task"], pki["ca"])).start()
     try:
-        host, port = accept.address(0)
-        with socket.create_connection((host, port), timeout=WAIT_S) as raw:
-            if who == "plain TCP":
+        if who == "plain TCP":
+            with socket.create_connection(accept.address(0), timeout=WAIT_S) as raw:
                 raw.sendall(b"GET / HTTP/1.0\r\n\r\n")
                 try:
                     answer = raw.recv(1024)
                 except OSError:
                     answer = b""
                 assert b"HTTP" not in answer
-            else:
-                context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-                context.check_hostname = False
-                context.load_verify_locations(pki["ca"])
-                if who != "no certificate":
-                    context.load_cert_chain(*pki["rogue"])
-                raw.settimeout(REFUSAL_TIMEOUT_S)
-                with pytest.raises((ssl.SSLError, ConnectionError)) as refused:
-                    with context.wrap_socket(raw) as tls:  # TLS 1.3: the refusal may come with the first read
-                        tls.sendall(b"hello")
-                        if not tls.recv(1024):
-                            raise ConnectionError("closed by the tunnel")
-                assert not isinstance(refused.value, socket.timeout)  # refused, not a tunnel that hangs
+        else:
+            refused_without_certificate(accept.address(0), pki["ca"], pki["rogue"] if who != "no certificate" else None)
         (route,) = accept.stats().values()
         assert route["connections"] == 0 and echo.received == 0
     finally:

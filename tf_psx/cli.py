@@ -48,7 +48,7 @@ import yaml
 from tf_psx import _checks
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig, TFConfigError
 from tf_psx.errors import CommandError
-from tf_psx.k8s import DEFAULT_PORT, ManifestError, tfjob_manifest
+from tf_psx.k8s import DEFAULT_PORT, ManifestError, tfjob_manifest, tls_network_policy
 
 __all__ = ["CommandError", "main"]
 
@@ -77,6 +77,7 @@ _K8S_OPTION_LABELS = {
     "gpus": "Option `--gpus`",
     "namespace": "Option `--namespace`",
     "port": "Option `--port`",
+    "tls_secret": "Option `--tls-secret`",
 }
 
 
@@ -227,6 +228,11 @@ def _add_k8s(subparsers: Any) -> None:
     parser.add_argument(
         "--port", type=int, default=DEFAULT_PORT, help=f"the port of every task (default: {DEFAULT_PORT})"
     )
+    parser.add_argument(
+        "--tls-secret", metavar="SECRET",
+        help="the tasks talk over mutual TLS only (tf_psx.tlsmesh), with the certificates of this secret "
+             "(ca.crt, tls.crt, tls.key); a NetworkPolicy admitting only --port is written too",
+    )
     parser.add_argument("-o", "--output", metavar="FILE", help="write the YAML to FILE instead of stdout")
     parser.add_argument("command", nargs="*", metavar="CMD", help="after --: the chief's command")
     parser.set_defaults(run=_run_k8s)
@@ -251,13 +257,19 @@ def _run_k8s(args: argparse.Namespace) -> int:
             gpus=args.gpus,
             namespace=args.namespace,
             port=args.port,
+            tls_secret=args.tls_secret,
         )
+        documents = [manifest]
+        if args.tls_secret is not None:
+            documents.append(tls_network_policy(args.name, namespace=args.namespace, port=args.port))
     except ManifestError as err:
         label = _K8S_OPTION_LABELS.get(err.argument)
         raise CommandError(err.renamed(label) if label else str(err)) from None
-    text = yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False)
+    text = yaml.safe_dump_all(documents, sort_keys=False, default_flow_style=False)
     replicas = {rtype: spec["replicas"] for rtype, spec in manifest["spec"]["tfReplicaSpecs"].items()}
     summary = ", ".join(f"{count} {rtype}" for rtype, count in replicas.items())
+    if len(documents) > 1:
+        summary += "; TLS only, with its NetworkPolicy"
     if args.output is None:
         sys.stdout.write(text)
         print(f"{PROG} k8s: wrote TFJob {args.name} ({summary}) to stdout", file=sys.stderr)

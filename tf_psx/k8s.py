@@ -36,7 +36,7 @@ from tf_psx.cluster import PORT_RANGE
 from tf_psx.errors import ManifestError
 from tf_psx.server import INTRA_OP_ENV as INTRA_OP_THREADS_ENV
 
-__all__ = ["ManifestError", "operator_tf_config", "tfjob_manifest"]
+__all__ = ["ManifestError", "operator_tf_config", "tfjob_manifest", "tls_network_policy"]
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "TFJob"
@@ -61,6 +61,15 @@ CLEAN_POD_POLICY = "Running"
 
 # What the PS and Worker containers run: see `tfjob_manifest` for why.
 SERVER_COMMAND = ("python", "-m", "tf_psx.server")
+
+# With `tls_secret`: where the secret is mounted in every container, the
+# volume's name, and what each command is wrapped in (tf_psx.tlsmesh: the
+# task sees a loopback cluster; its port is reached over mutual TLS only).
+TLS_MOUNT_PATH = "/etc/tf-psx/tls"
+TLS_VOLUME = "tf-psx-tls"
+TLS_MESH_COMMAND = ("python", "-m", "tf_psx.tlsmesh", "--cert-dir", TLS_MOUNT_PATH, "--")
+# The label the training operator puts on every pod of a job (kubeflow/common JobNameLabel).
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 
 # The extended resource of the NVIDIA device plugin.
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -294,7 +303,7 @@ def cpu_threads(quantity: str) -> int:
 
 def _container(
     image: str, command: list[str], port: int, requests: dict[str, str], limits: dict[str, Any],
-    threads: int | None = None,
+    threads: int | None = None, tls: bool = False,
 ) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
@@ -309,7 +318,24 @@ def _container(
     resources = {key: dict(value) for key, value in (("requests", requests), ("limits", limits)) if value}
     if resources:
         container["resources"] = resources
+    if tls:
+        container["command"] = [*TLS_MESH_COMMAND, *command]
+        container["volumeMounts"] = [{"name": TLS_VOLUME, "mountPath": TLS_MOUNT_PATH, "readOnly": True}]
     return container
+
+
+def _check_secret(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _NAMESPACE_RE.match(value) or len(value) > MAX_DNS_LABEL_CHARS:
+        raise ManifestError(
+            "tls_secret",
+            "must be the name of a Kubernetes secret (lowercase letters, digits and '-', at most "
+            f"{MAX_DNS_LABEL_CHARS} characters) holding ca.crt, tls.crt and tls.key, or None; received {_show(value)}. "
+            "Fix: create one with cert-manager or `kubectl create secret generic NAME --from-file=ca.crt "
+            "--from-file=tls.crt --from-file=tls.key`, and pass its name.",
+        )
+    return value
 
 
 def tfjob_manifest(
@@ -324,6 +350,7 @@ def tfjob_manifest(
     gpus: int = 0,
     namespace: str | None = None,
     port: int = DEFAULT_PORT,
+    tls_secret: str | None = None,
 ) -> dict[str, Any]:
     """Builds the Kubeflow TFJob (kubeflow.org/v1) of a parameter-server training job.
 
@@ -346,6 +373,13 @@ def tfjob_manifest(
     Every container is named "tensorflow" and declares the port "tfjob-port",
     the two names the operator looks for, and sets GRPC_FAIL_FAST=use_caller
     so that calls to a dead task fail at once and the coordinator can react.
+
+    With `tls_secret`, the tasks talk over mutual TLS (`tf_psx.tlsmesh`):
+    the secret (ca.crt, tls.crt, tls.key) is mounted in every container at
+    TLS_MOUNT_PATH and every command runs inside `python -m tf_psx.tlsmesh`,
+    which listens with TLS on `port` and gives the task a cluster of
+    loopback addresses. Apply `tls_network_policy(name)` with it: it admits
+    only `port` into the job's pods, so the plain gRPC ports stay closed.
 
     Known limitations:
       * All replicas use the same image, port, cpu and memory.
@@ -374,7 +408,9 @@ def tfjob_manifest(
         None for none.
       gpus: the `nvidia.com/gpu` limit of the Chief and of each Worker, >= 0.
       namespace: metadata.namespace, or None to leave it to `kubectl`.
-      port: the port every task listens on.
+      port: the port every task listens on (with `tls_secret`: with TLS).
+      tls_secret: None, or the name of the secret of the cluster's
+        certificates: the tasks then talk over mutual TLS only.
 
     Returns:
       The manifest as a dict, ready for `yaml.safe_dump(..., sort_keys=False)`.
@@ -398,18 +434,23 @@ def tfjob_manifest(
     quantities = {"cpu": _check_quantity(cpu, "cpu"), "memory": _check_quantity(memory, "memory")}
     requests = {key: quantity for key, quantity in quantities.items() if quantity is not None}
     gpus = _check_count(gpus, "gpus", 0, "the GPUs of the Chief and of each Worker", "pass 0 for no GPUs.")
+    tls_secret = _check_secret(tls_secret)
     replica_specs: dict[str, Any] = {}
     for rtype, replicas in counts.items():
         limits: dict[str, Any] = dict(requests)
         if gpus and rtype in GPU_REPLICA_TYPES:
             limits[GPU_RESOURCE] = gpus
         runs = list(SERVER_COMMAND) if rtype in ("Worker", "PS") else list(command)
+        pod: dict[str, Any] = {"containers": [_container(
+            image, runs, port, requests, limits,
+            cpu_threads(requests["cpu"]) if "cpu" in requests and rtype in ("Worker", "PS") else None,
+            tls=tls_secret is not None)]}
+        if tls_secret is not None:
+            pod["volumes"] = [{"name": TLS_VOLUME, "secret": {"secretName": tls_secret}}]
         replica_specs[rtype] = {
             "replicas": replicas,
             "restartPolicy": RESTART_POLICIES[rtype],
-            "template": {"spec": {"containers": [_container(
-                image, runs, port, requests, limits,
-                cpu_threads(requests["cpu"]) if "cpu" in requests and rtype in ("Worker", "PS") else None)]}},
+            "template": {"spec": pod},
         }
     metadata = {"name": name}
     if namespace is not None:
@@ -419,6 +460,46 @@ def tfjob_manifest(
         "kind": KIND,
         "metadata": metadata,
         "spec": {"runPolicy": {"cleanPodPolicy": CLEAN_POD_POLICY}, "tfReplicaSpecs": replica_specs},
+    }
+
+
+def tls_network_policy(name: str, namespace: str | None = None, port: int = DEFAULT_PORT) -> dict[str, Any]:
+    """The NetworkPolicy that goes with `tfjob_manifest(..., tls_secret=...)`.
+
+    It selects every pod of the job (the operator's job-name label) and
+    admits only TCP `port`, the TLS door of `tf_psx.tlsmesh`, and only from
+    the job's own pods. TensorFlow's plain gRPC ports, which it binds on
+    every interface, are thereby closed to everything else. It needs a
+    network plugin that enforces NetworkPolicy (Calico, Cilium, ...); on one
+    that does not, the policy is accepted and does nothing.
+
+    Known limitations:
+      * Other ports of the pods (a Prometheus `--metrics-port`, TensorBoard)
+        are closed too; add an ingress rule for them.
+
+    Raises:
+      ManifestError: if an argument is invalid.
+
+    Example:
+
+    >>> policy = tls_network_policy("ctr")
+    >>> policy["spec"]["ingress"][0]["ports"]
+    [{'protocol': 'TCP', 'port': 2222}]
+    """
+    name, _, checked_namespace, port = _check_job(name, 1, 1, False, namespace, port)
+    metadata = {"name": f"{name}-tls-only"}
+    if namespace is not None:
+        metadata["namespace"] = checked_namespace
+    job_pods = {"matchLabels": {JOB_NAME_LABEL: name}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata,
+        "spec": {
+            "podSelector": job_pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": job_pods}], "ports": [{"protocol": "TCP", "port": port}]}],
+        },
     }
 
 

@@ -365,8 +365,8 @@ class TLSTunnel:
         (its bind address is fixed); the tunnel encrypts the traffic that
         goes through it, and only a firewall, a network policy or a network
         namespace (`tf-psx launch --isolate`) keeps other hosts off the
-        plain port. `tf-psx launch` and the k8s manifests do not set the
-        tunnels up yet.
+        plain port. `tf_psx.tlsmesh` sets the tunnels of a whole cluster up
+        from its TF_CONFIG.
     """
 
     def __init__(self, routes: Mapping, side: str, context):
