@@ -178,6 +178,7 @@ def _scale(log_dir, workers) -> subprocess.CompletedProcess:
 def test_scale_two_to_four_to_one_workers_ends_at_the_exact_step(tmp_path):
     with LaunchRun(["--workers", "2", "--ps", "1", "--log-dir", str(tmp_path)], _train_args()) as run:
         index, first = run.wait_for(START_RE)
+        servers = {name: pid for name, pid in run.pids().items() if name in ("ps:0", "worker:0", "worker:1")}
         index, _ = run.wait_for(STEP_RE, start=index, predicate=lambda m: _step(m) >= EVERY + 5)
         before = max(_step(m) for m in map(STEP_RE.match, run.lines[: index + 1]) if m)
         asked = _scale(tmp_path, 4)
@@ -185,6 +186,9 @@ def test_scale_two_to_four_to_one_workers_ends_at_the_exact_step(tmp_path):
         index, _ = run.wait_for(r"^tf-psx launch: scaling from 2 to 4 workers", start=index)
         index, _ = run.wait_for(r"^\[worker:3\] tf_psx.server ready worker:3", start=index)
         index, second = run.wait_for(START_RE, start=index)
+        # The ps and the two workers that stay kept running; the chief was restarted.
+        assert {name: run.pids()[name] for name in servers} == servers and len(servers) == 3
+        assert int(second["pid"]) != int(first["pid"])
         index, _ = run.wait_for(STEP_RE, start=index, predicate=lambda m: _step(m) >= _step(second) + EVERY + 5)
         before_second = max(_step(m) for m in map(STEP_RE.match, run.lines[: index + 1]) if m)
         assert _scale(tmp_path, 1).returncode == 0
@@ -202,7 +206,10 @@ def test_scale_two_to_four_to_one_workers_ends_at_the_exact_step(tmp_path):
     # The last cluster line names one worker; the removed workers' processes are gone.
     cluster = [line for line in run.lines if line.startswith("tf-psx launch: cluster:")][-1]
     assert "worker:0" in cluster and "worker:1" not in cluster
-    assert json.loads((tmp_path / launch.PIDS_FILE).read_text()).keys() == {"ps:0", "worker:0", "chief:0"}
+    pids = json.loads((tmp_path / launch.PIDS_FILE).read_text())
+    assert pids.keys() == {"ps:0", "worker:0", "chief:0"}
+    # One ps process and one worker process served all three coordinators.
+    assert (pids["ps:0"], pids["worker:0"]) == (servers["ps:0"], servers["worker:0"])
 
 
 def test_scaling_while_a_snapshot_is_written_resumes_from_the_one_before(tmp_path):

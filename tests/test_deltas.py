@@ -307,3 +307,15 @@ def test_marks_are_not_used_where_something_else_writes_the_rows(ps_strategy, tm
                   callbacks=[sync], verbose=0)
         assert set(sync.delta_tracking.values()) == {"fingerprint"}, (name, sync.delta_tracking)
         assert len(sync.delta_rows) == 1 and sync.delta_rows[0] > 0, (name, sync.delta_rows)
+
+
+def test_a_delta_file_left_aside_by_a_crash_is_removed_by_the_next_delta(tmp_path):
+    from tf_psx import deltas  # pylint: disable=import-outside-toplevel
+
+    leftover = tmp_path / "delta-000000000005.npz.tmp-0badc0de"
+    leftover.write_bytes(b"half a delta")
+    unrelated = tmp_path / "notes.tmp-0badc0de"  # not a delta's: kept
+    unrelated.write_bytes(b"x")
+    deltas.write_delta(str(tmp_path), 8, 4, {"table": (np.array([1, 3]), np.ones((2, 4), np.float32))}, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "delta-000000000008.json", "delta-000000000008.npz", "notes.tmp-0badc0de"]

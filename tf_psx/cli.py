@@ -586,9 +586,10 @@ def _add_scale(subparsers: Any) -> None:
         help="change the worker count of a running tf-psx launch job",
         description=(
             "Ask the tf-psx launch job whose log directory is LOG_DIR to run with N workers. The launcher "
-            "stops the chief and the servers, restarts the servers with the new TF_CONFIG and the chief, "
-            "which resumes from the newest PeriodicSync snapshot: the steps since that snapshot are trained "
-            "again. Example: tf-psx scale /tmp/tf_psx_launch_abc --workers 4"
+            "stops the chief and any removed workers, starts any added workers, and starts the chief again "
+            "with the new TF_CONFIG; it resumes from the newest PeriodicSync snapshot, so the steps since that "
+            "snapshot are trained again. The ps tasks keep running. "
+            "Example: tf-psx scale /tmp/tf_psx_launch_abc --workers 4"
         ),
     )
     parser.add_argument("log_dir", metavar="LOG_DIR", help="the launcher's log directory (its \"cluster:\" line)")

@@ -58,6 +58,8 @@ logger = logging.getLogger("tf_psx")
 MIN_ROWS = 1024
 DELTA_PREFIX = "delta-"
 DELTA_RE = re.compile(rf"^{DELTA_PREFIX}(\d{{{_snapshots.STEP_DIGITS}}})\.json$")
+# A delta file written aside ("<name>.tmp-<8 hex>") whose writer died before the rename.
+DELTA_TMP_RE = re.compile(rf"^{DELTA_PREFIX}\d{{{_snapshots.STEP_DIGITS}}}\.(npz|json)\.tmp-[0-9a-f]{{8}}$")
 # Paths of the checkpoint root that are not training state.
 _SKIPPED_CHILDREN = {"save_counter"}
 _BITS = {tf.float16: tf.int16, tf.bfloat16: tf.int16, tf.float32: tf.int32, tf.float64: tf.int64}
@@ -335,6 +337,11 @@ def write_delta(snapshot_dir: str, step: int, base_step: int, changed: dict, man
     for older in _delta_steps(snapshot_dir, fs):
         if older < step:
             _remove_delta(snapshot_dir, older, fs)
+    if fs.atomic_rename:
+        # A file written aside by a process that died before its rename.
+        for name in fs.listdir(snapshot_dir):
+            if DELTA_TMP_RE.match(name):
+                _remove_quietly(fs, fs.join(snapshot_dir, name))
     return record
 
 
@@ -344,15 +351,21 @@ def _delta_steps(snapshot_dir: str, fs) -> list[int]:
     return sorted(int(match.group(1)) for match in map(DELTA_RE.match, fs.listdir(snapshot_dir)) if match)
 
 
+def _remove_quietly(fs, path: str) -> bool:
+    """Removes `path` if it exists; False (with a warning) if that fails."""
+    try:
+        if fs.exists(path):
+            fs.remove_file(path)
+    except Exception as error:  # pylint: disable=broad-except  (OSError, or tf.errors.OpError from gfile)
+        logger.warning("PeriodicSync: could not delete the old delta file %s: %s", path, _snapshots.first_line(error))
+        return False
+    return True
+
+
 def _remove_delta(snapshot_dir: str, step: int, fs) -> None:
     # The manifest first: from then on it is not a delta.
     for name in reversed(_names(step)):
-        try:
-            if fs.exists(fs.join(snapshot_dir, name)):
-                fs.remove_file(fs.join(snapshot_dir, name))
-        except Exception as error:  # pylint: disable=broad-except  (OSError, or tf.errors.OpError from gfile)
-            logger.warning("PeriodicSync: could not delete the old delta %s: %s", fs.join(snapshot_dir, name),
-                           _snapshots.first_line(error))
+        if not _remove_quietly(fs, fs.join(snapshot_dir, name)):
             return
 
 

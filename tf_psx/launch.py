@@ -745,20 +745,22 @@ class Launcher:
         return None if wanted == self.num_workers else int(wanted)
 
     def _rescale(self, wanted: int, chief: _supervisor.TaskProcess) -> int | None:
-        """Restarts the job with `wanted` workers; the chief resumes from the newest snapshot.
+        """Restarts the chief with `wanted` workers; it resumes from the newest snapshot.
 
         TF2's ClusterCoordinator has a fixed worker list, so the chief stops
-        (steps since the newest snapshot are trained again), every server
-        restarts with the new TF_CONFIG, and the chief starts again. Returns
-        an exit status to give up with, or None.
+        (steps since the newest snapshot are trained again) and starts again
+        with the new TF_CONFIG. The ps tasks and the workers that stay keep
+        running: a new coordinator opens its own context on them and makes
+        its variables anew, restored from the snapshot. Only removed workers
+        stop and only added ones start. Returns an exit status to give up
+        with, or None.
         """
         before = self.num_workers
-        self._say(f"scaling from {before} to {wanted} workers: stopping the chief and the servers; the chief "
-                  f"resumes from the newest snapshot in {self.snapshot_dir}")
+        self._say(f"scaling from {before} to {wanted} workers: restarting the chief, which resumes from the newest "
+                  f"snapshot in {self.snapshot_dir}; the ps tasks and {min(before, wanted)} workers keep running")
         self._stop([chief])
-        self._stop(self._servers())
-        for index in range(wanted, before):
-            del self._tasks[("worker", index)]
+        removed = [self._tasks.pop(("worker", index)) for index in range(wanted, before)]
+        self._stop(removed)
         workers = list(self.config.workers[:wanted])
         if wanted > before:
             workers += [f"{LOOPBACK}:{port}" for port in free_ports(wanted - before)]
@@ -771,12 +773,15 @@ class Launcher:
             self._add_task("worker", index, server_argv, dict(base))
         if self._intra_auto:
             self.intra_op_threads = self._auto_threads()
+        # A task restarted later (a crash) comes back in the new cluster with the new thread counts;
+        # the running ones keep theirs.
         for task in self._tasks.values():
             task.env[TF_CONFIG_ENV] = self.config.to_json(task.task_type, task.index)
             if task.task_type in SERVER_TYPES:
                 task.env.update(_server.thread_env(self.intra_op_threads, self.inter_op_threads))
         self._say(f"cluster: {self._address_list()}; logs in {self.log_dir}")
-        code = self._start_and_wait(self._servers(), "exited while rescaling")
+        added = [self._tasks[("worker", index)] for index in range(before, wanted)]
+        code = self._start_and_wait(added, "exited while rescaling")
         if code is not None:
             return code
         if self._signal is not None:

@@ -103,7 +103,17 @@ def is_local(path: str) -> bool:
     return "://" not in os.fspath(path)
 
 
-class LocalFS:
+class _Text:
+    """Text files as UTF-8 over a filesystem's `read_bytes` / `write_bytes`."""
+
+    def read_text(self, path: str) -> str:
+        return self.read_bytes(path).decode("utf-8")
+
+    def write_text(self, path: str, text: str) -> None:
+        self.write_bytes(path, text.encode("utf-8"))
+
+
+class LocalFS(_Text):
     """This machine's filesystem: atomic renames, fsync."""
 
     atomic_rename = True
@@ -116,18 +126,6 @@ class LocalFS:
     @staticmethod
     def makedirs(path: str) -> None:
         os.makedirs(path, exist_ok=True)
-
-    @staticmethod
-    def read_text(path: str) -> str:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-
-    @staticmethod
-    def write_text(path: str, text: str) -> None:
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
 
     @staticmethod
     def read_bytes(path: str) -> bytes:
@@ -150,7 +148,7 @@ class LocalFS:
         shutil.rmtree(path)
 
 
-class GFileFS:
+class GFileFS(_Text):
     """Any `tf.io.gfile` filesystem (gs://, s3://, hdfs://, ram://): no atomic rename is assumed."""
 
     atomic_rename = False
@@ -176,14 +174,6 @@ class GFileFS:
 
     def makedirs(self, path: str) -> None:
         self._gfile().makedirs(path)
-
-    def read_text(self, path: str) -> str:
-        with self._gfile().GFile(path, "r") as handle:
-            return handle.read()
-
-    def write_text(self, path: str, text: str) -> None:
-        with self._gfile().GFile(path, "w") as handle:
-            handle.write(text)
 
     def read_bytes(self, path: str) -> bytes:
         with self._gfile().GFile(path, "rb") as handle:

@@ -237,6 +237,11 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         `/job:localhost` and cannot be used on it (`LocalResourcesError`).
       * With `exact_updates`, two updates of the same variable shard wait on
         each other (a lock on its ps task); updates of different shards do not.
+      * The tasks keep a coordinator's variables until 60 s after its last
+        RPC (TF's own default is 600 s; $TF_PSX_KEEP_ALIVE_S changes it): a
+        coordinator that crashed or was restarted leaves its copies on the
+        ps that long, and a task frozen or cut off for longer forgets the
+        live coordinator's context (its steps then fail and are retried).
     """
 
     def __init__(
@@ -266,6 +271,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         variable_partitioner = _partitioner_from(variable_partitioner, num_ps)
         _check_no_local_tables()
         _runtime.set_grpc_fail_fast()
+        _runtime.shorten_keep_alive()
         if connect_timeout_s is not None:
             wait_until_reachable(resolver.cluster_spec().as_dict(), connect_timeout_s)
         super().__init__(resolver, variable_partitioner=variable_partitioner)

@@ -18,6 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tf_psx  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from step_counter import StepCounter  # noqa: E402
 from tf_psx._tf import tfra as _tfra  # noqa: E402
 
 mode, directory, out = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -33,23 +34,11 @@ def batch(k):
     return {"ids": ids, "keys": keys}, labels
 
 
-class Steps(tf.keras.callbacks.Callback):
-    """Counts executions; kills the process at KILL_AT in interrupt mode."""
-
-    def __init__(self):
-        super().__init__()
-        self._supports_tf_logs = True
-        self.batch_ends = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_end(self, batch_index, logs=None):
-        step = self.epoch * STEPS + batch_index + 1
-        self.batch_ends.append(step)
-        if mode == "interrupt" and step >= KILL_AT:
-            print(f"killed at step {step}", flush=True)
-            os._exit(3)  # a crash: no cleanup, no on_train_end
+def crash_at_kill_step(step, model):
+    del model
+    if mode == "interrupt" and step >= KILL_AT:
+        print(f"killed at step {step}", flush=True)
+        os._exit(3)  # a crash: no cleanup, no on_train_end
 
 
 with tf_psx.LocalCluster(num_workers=1, num_ps=2) as cluster:
@@ -73,7 +62,7 @@ with tf_psx.LocalCluster(num_workers=1, num_ps=2) as cluster:
     def dataset_fn(_ctx):
         return tf.data.Dataset.range(start, EPOCHS * STEPS).map(batch)
 
-    steps = Steps()
+    steps = StepCounter(STEPS, crash_at_kill_step)
     callbacks = [steps]
     sync = None
     if mode != "full":

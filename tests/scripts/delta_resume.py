@@ -23,6 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tf_psx  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from step_counter import StepCounter  # noqa: E402
 
 mode, directory, out = sys.argv[1], sys.argv[2], sys.argv[3]
 EPOCHS, STEPS, EVERY, DELTA_EVERY, KILL_AT, BATCH, FIELDS, ROWS = 3, 20, 20, 5, 38, 16, 4, 4000
@@ -41,26 +42,13 @@ def state(model) -> dict:
     return {f"v{i}": tf.convert_to_tensor(v).numpy() for i, v in enumerate(variables)}
 
 
-class Steps(tf.keras.callbacks.Callback):
-    """Counts executions; in interrupt mode saves the state at DELTA_STEP and dies at KILL_AT."""
-
-    def __init__(self):
-        super().__init__()
-        self._supports_tf_logs = True
-        self.batch_ends = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_end(self, batch_index, logs=None):
-        step = self.epoch * STEPS + batch_index + 1
-        self.batch_ends.append(step)
-        if mode == "interrupt" and step == DELTA_STEP:
-            np.savez(out, **state(self.model))  # PeriodicSync (first in the list) has joined: nothing in flight
-        if mode == "interrupt" and step >= KILL_AT:
-            print(f"killed at step {step} after deltas of {len(sync.delta_rows)} steps: "
-                  f"DELTAS {json.dumps(sync.delta_rows)}", flush=True)
-            os._exit(3)  # a crash: no cleanup, no on_train_end
+def save_then_crash(step, model):
+    if mode == "interrupt" and step == DELTA_STEP:
+        np.savez(out, **state(model))  # PeriodicSync (first in the list) has joined: nothing in flight
+    if mode == "interrupt" and step >= KILL_AT:
+        print(f"killed at step {step} after deltas of {len(sync.delta_rows)} steps: "
+              f"DELTAS {json.dumps(sync.delta_rows)}", flush=True)
+        os._exit(3)  # a crash: no cleanup, no on_train_end
 
 
 with tf_psx.LocalCluster(num_workers=1, num_ps=2) as cluster:
@@ -85,7 +73,7 @@ with tf_psx.LocalCluster(num_workers=1, num_ps=2) as cluster:
     def dataset_fn(_ctx):
         return tf.data.Dataset.range(start, EPOCHS * STEPS).map(batch)
 
-    steps = Steps()
+    steps = StepCounter(STEPS, save_then_crash)
     model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=EPOCHS, steps_per_epoch=STEPS,
               callbacks=[sync, steps] if sync else [steps], verbose=0)
     if mode != "interrupt":
