@@ -34,7 +34,7 @@ test-fast: install
 
 # Every benchmark, then docs/benchmarks.md from bench/results/*.json (~75 min on 2 cores).
 BENCHES := overhead shard_balance dedup_bytes vocab_scaling dynamic_vs_static convergence exact_updates \
-	hash_table_memory hash_table_quality fused_embeddings reader_throughput wire_dtype_quality snapshot_stall sync_regime tls_tunnel elastic delta_snapshots
+	hash_table_memory hash_table_quality fused_embeddings reader_throughput wire_dtype_quality snapshot_stall sync_regime tls_tunnel elastic delta_snapshots ps_latency
 bench: install
 	for b in $(BENCHES); do $(BIN)/python bench/$$b.py || exit 1; done
 	$(BIN)/python bench/report.py

@@ -77,55 +77,61 @@ def value_bytes(ids: dict, value_size: int, dedup: bool) -> float:
     return total / steps
 
 
-def child(variant: str, workers: str, num_features: str) -> None:
-    import numpy as np  # pylint: disable=import-outside-toplevel
+def build(variant: str, num_features: int):
+    """The model of `variant` in the current strategy's scope, its dataset_fn and its ids (a dict of arrays)."""
+    import tf_psx  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
+    cards = cardinalities(num_features)
+    names = [f"C{i + 1}" for i in range(num_features)]
+    ids, dense, labels = batches(num_features, 64)
+    inputs = {name: tf.keras.Input((), dtype=tf.int64, name=name) for name in names}
+    inputs["numeric"] = tf.keras.Input((DENSE,), name="numeric")
+    if variant.startswith("stock"):
+        vectors = [tf.keras.layers.Embedding(card, DIM, name=f"emb_{name}")(inputs[name])
+                   for name, card in zip(names, cards)]
+    elif variant.startswith("dynamic"):
+        layer = tf_psx.layers.DynamicFeatureEmbeddings(names, DIM)
+        out = layer({name: inputs[name] for name in names})
+        vectors = [out[name] for name in names]
+    elif variant.startswith("fused"):
+        wire = "bfloat16" if "bf16" in variant else None
+        layer = tf_psx.layers.FeatureEmbeddings(dict(zip(names, cards)), DIM, wire_dtype=wire)
+        out = layer({name: inputs[name] for name in names})
+        vectors = [out[name] for name in names]
+    else:  # mlp_only: the embeddings replaced by a constant
+        zeros = tf.keras.layers.Lambda(lambda d: tf.zeros([tf.shape(d)[0], DIM]))(inputs["numeric"])
+        vectors = [zeros] * num_features
+    if variant.endswith("stage"):
+        summed = tf.keras.layers.Lambda(lambda v: tf.reduce_sum(tf.add_n(v), axis=1, keepdims=True))(vectors)
+        logit = tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()([summed, inputs["numeric"]]))
+    else:
+        hidden = tf.keras.layers.Concatenate()(vectors + [inputs["numeric"]])
+        for width in HIDDEN:
+            hidden = tf.keras.layers.Dense(width, activation="relu")(hidden)
+        logit = tf.keras.layers.Dense(1)(hidden)
+    model = tf.keras.Model(inputs, tf.keras.layers.Activation("sigmoid")(logit))
+    model.compile(tf.keras.optimizers.Adagrad(0.01), "binary_crossentropy")
+
+    def dataset_fn(_ctx):
+        features = dict(ids, numeric=dense)
+        return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(BATCH).prefetch(4)
+
+    return model, dataset_fn, ids
+
+
+def child(variant: str, workers: str, num_features: str) -> None:
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from _common import time_fit  # pylint: disable=import-outside-toplevel
 
-    num_features = int(num_features)
-    cards = cardinalities(num_features)
-    names = [f"C{i + 1}" for i in range(num_features)]
-    ids, dense, labels = batches(num_features, 64)
     cluster = tf_psx.LocalCluster(num_workers=int(workers), num_ps=2, processes=True).start()
     try:
         strategy = tf_psx.ParameterServerStrategy(
             cluster, tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
         with strategy.scope():
-            inputs = {name: tf.keras.Input((), dtype=tf.int64, name=name) for name in names}
-            inputs["numeric"] = tf.keras.Input((DENSE,), name="numeric")
-            if variant.startswith("stock"):
-                vectors = [tf.keras.layers.Embedding(card, DIM, name=f"emb_{name}")(inputs[name])
-                           for name, card in zip(names, cards)]
-            elif variant.startswith("dynamic"):
-                layer = tf_psx.layers.DynamicFeatureEmbeddings(names, DIM)
-                out = layer({name: inputs[name] for name in names})
-                vectors = [out[name] for name in names]
-            elif variant.startswith("fused"):
-                wire = "bfloat16" if "bf16" in variant else None
-                layer = tf_psx.layers.FeatureEmbeddings(dict(zip(names, cards)), DIM, wire_dtype=wire)
-                out = layer({name: inputs[name] for name in names})
-                vectors = [out[name] for name in names]
-            else:  # mlp_only: the embeddings replaced by a constant
-                zeros = tf.keras.layers.Lambda(lambda d: tf.zeros([tf.shape(d)[0], DIM]))(inputs["numeric"])
-                vectors = [zeros] * num_features
-            if variant.endswith("stage"):
-                summed = tf.keras.layers.Lambda(lambda v: tf.reduce_sum(tf.add_n(v), axis=1, keepdims=True))(vectors)
-                logit = tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()([summed, inputs["numeric"]]))
-            else:
-                hidden = tf.keras.layers.Concatenate()(vectors + [inputs["numeric"]])
-                for width in HIDDEN:
-                    hidden = tf.keras.layers.Dense(width, activation="relu")(hidden)
-                logit = tf.keras.layers.Dense(1)(hidden)
-            model = tf.keras.Model(inputs, tf.keras.layers.Activation("sigmoid")(logit))
-            model.compile(tf.keras.optimizers.Adagrad(0.01), "binary_crossentropy")
-
-        def dataset_fn(_ctx):
-            features = dict(ids, numeric=dense)
-            return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(BATCH).prefetch(4)
-
+            model, dataset_fn, ids = build(variant, int(num_features))
         ms = time_fit(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS)
     finally:
         cluster.stop()
