@@ -21,7 +21,7 @@ import yaml
 
 from tf_psx import cli
 from tf_psx.cluster import ClusterConfig
-from tf_psx.k8s import tfjob_manifest, tls_network_policy
+from tf_psx.k8s import network_policy, tfjob_manifest
 
 SCHEMA = json.loads((Path(__file__).parent / "tfjob_v1_schema.json").read_text(encoding="utf-8"))
 VALID_TF_CONFIG = json.dumps(
@@ -248,7 +248,7 @@ def test_k8s_tls_secret_writes_the_tfjob_and_its_network_policy(run):
     jsonschema.validate(job, SCHEMA, cls=jsonschema.Draft202012Validator)
     assert job == tfjob_manifest("ctr", "img:1", ["python", "train.py"], workers=2, ps=1, namespace="ml",
                                  tls_secret="ctr-tls")
-    assert policy == tls_network_policy("ctr", namespace="ml")
+    assert policy == network_policy("ctr", namespace="ml")
     status, _, err = run(*K8S_ARGS, "--tls-secret", "Ctr_TLS", "--", "python", "train.py")
     assert status == 2 and err.startswith("tf-psx k8s: error: Option `--tls-secret` must be the name")
 

@@ -72,7 +72,7 @@ def operator_cluster(manifest: dict) -> dict[str, list[str]]:
 
 
 def test_public_api_is_pinned():
-    assert k8s.__all__ == ["ManifestError", "operator_tf_config", "tfjob_manifest", "tls_network_policy"]
+    assert k8s.__all__ == ["ManifestError", "network_policy", "operator_tf_config", "tfjob_manifest"]
     assert issubclass(ManifestError, ValueError)
     assert str(inspect.signature(tfjob_manifest)) == (
         "(name: 'str', image: 'str', command: 'Sequence[str]', workers: 'int', ps: 'int', "
@@ -326,13 +326,13 @@ def test_tls_wraps_every_command_in_the_mesh_whose_door_is_the_only_open_port(po
     manifest = tfjob_manifest("ctr", IMAGE, COMMAND, workers=2, ps=2, evaluator=True, namespace="ml",
                               port=port, tls_secret="ctr-tls")
     jsonschema.validate(manifest, SCHEMA, cls=jsonschema.Draft202012Validator)
-    policy = k8s.tls_network_policy("ctr", namespace="ml", port=port)
+    policy = k8s.network_policy("ctr", namespace="ml", port=port)
     (rule,) = policy["spec"]["ingress"]
     assert rule["ports"] == [{"protocol": "TCP", "port": port}]
     # The policy selects the pods the operator labels with the job's name, and admits only them.
     assert policy["spec"]["podSelector"] == rule["from"][0]["podSelector"] == {
         "matchLabels": {"training.kubeflow.org/job-name": "ctr"}}
-    assert policy["metadata"] == {"name": "ctr-tls-only", "namespace": "ml"}
+    assert policy["metadata"] == {"name": "ctr-tasks-only", "namespace": "ml"}
     cluster = operator_cluster(manifest)
     for rtype, spec in manifest["spec"]["tfReplicaSpecs"].items():
         container = replica_container(manifest, rtype)

@@ -23,6 +23,7 @@ from tf_psx import server
 from tf_psx._tf import runtime
 from tf_psx.cluster import ClusterConfig
 from tf_psx.local import free_ports
+from tf_psx.strategies import keep_alive_seconds
 
 from conftest import REPO
 
@@ -86,11 +87,11 @@ def test_a_departed_coordinators_table_is_freed_after_the_keep_alive(tmp_path):
 
 def test_the_keep_alive_default_and_its_override(monkeypatch):
     monkeypatch.delenv(runtime.KEEP_ALIVE_ENV, raising=False)
-    assert runtime.keep_alive_seconds() == runtime.KEEP_ALIVE_S == 60
+    assert keep_alive_seconds() == runtime.KEEP_ALIVE_S == 60
     monkeypatch.setenv(runtime.KEEP_ALIVE_ENV, "5")
-    assert runtime.keep_alive_seconds() == 5
+    assert keep_alive_seconds() == 5
     for bad in ("0", "soon", "-3"):
         monkeypatch.setenv(runtime.KEEP_ALIVE_ENV, bad)
-        with pytest.raises(ValueError, match=rf"\$TF_PSX_KEEP_ALIVE_S must be an int >= 1 \(seconds\). "
-                                             rf"Received: '{bad}'. Fix: unset it for the default, 60"):
-            runtime.keep_alive_seconds()
+        with pytest.raises(ValueError, match=rf"The environment variable TF_PSX_KEEP_ALIVE_S must be an int >= 1. "
+                                             rf"Received: '{bad}'. Fix: unset it or set e.g. TF_PSX_KEEP_ALIVE_S=60"):
+            keep_alive_seconds()

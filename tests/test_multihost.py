@@ -211,7 +211,8 @@ def _check_tls_doors(hosts: _Hosts, addresses: dict, pki: dict, logs: dict) -> N
     assert refusal.returncode == 0 and refusal.stdout.strip(), refusal
 
 
-def _tls_stats(log_path: str) -> dict:
+def _stats(log_path: str) -> dict:
+    """The byte counts a relay (netproxy, tlsmesh) prints as its last line when it stops."""
     with open(log_path, encoding="utf-8", errors="replace") as handle:
         return json.loads(handle.read().strip().splitlines()[-1])
 
@@ -283,7 +284,7 @@ def test_ps_worker_and_chief_on_three_hosts(tmp_path, delay_ms, via):
                 _stop(proc)
             for task in ("ps", "worker"):
                 # The task's door carried the chief's (and, for the ps, the worker's) connections.
-                (door,) = _tls_stats(logs[task])["accept"].values()
+                (door,) = _stats(logs[task])["accept"].values()
                 assert door["connections"] >= 1 and door["bytes_up"] > 0 and door["bytes_down"] > 0, (task, door)
             # The chief's mesh printed its stats once the training script exited.
             chief_mesh = json.loads(output.strip().splitlines()[-1])
@@ -291,8 +292,7 @@ def test_ps_worker_and_chief_on_three_hosts(tmp_path, delay_ms, via):
         if proxy is not None:
             # Every task's traffic went through the proxy (its byte counts, printed when it stops).
             _stop(proxy)
-            with open(proxy_log, encoding="utf-8") as handle:
-                stats = json.loads(handle.read().strip().splitlines()[-1])
+            stats = _stats(proxy_log)
             for task in ("ps", "worker"):
                 route = stats[addresses[task]]
                 assert route["bytes_up"] > 0 and route["bytes_down"] > 0 and not route["errors"], (task, route)

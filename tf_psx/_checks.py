@@ -27,6 +27,19 @@ def is_int_at_least(value: Any, minimum: int) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= minimum
 
 
+def int_from_env(name: str, minimum: int, example: int) -> int | None:
+    """The int in environment variable `name` (None when unset or empty); ValueError naming it if malformed."""
+    import os  # pylint: disable=import-outside-toplevel
+
+    text = os.environ.get(name, "")
+    if text == "":
+        return None
+    if not text.isdigit() or int(text) < minimum:
+        raise ValueError(f"The environment variable {name} must be an int >= {minimum}. Received: {text!r}. "
+                         f"Fix: unset it or set e.g. {name}={example}.")
+    return int(text)
+
+
 def subject(name: str, owner: str | None = None) -> str:
     """"Argument `name` of Owner", or `name` itself when it already names an option."""
     if name.startswith("Option "):

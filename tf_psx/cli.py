@@ -48,7 +48,7 @@ import yaml
 from tf_psx import _checks
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig, TFConfigError
 from tf_psx.errors import CommandError
-from tf_psx.k8s import DEFAULT_PORT, ManifestError, tfjob_manifest, tls_network_policy
+from tf_psx.k8s import DEFAULT_PORT, ManifestError, network_policy, tfjob_manifest
 
 __all__ = ["CommandError", "main"]
 
@@ -261,7 +261,7 @@ def _run_k8s(args: argparse.Namespace) -> int:
         )
         documents = [manifest]
         if args.tls_secret is not None:
-            documents.append(tls_network_policy(args.name, namespace=args.namespace, port=args.port))
+            documents.append(network_policy(args.name, namespace=args.namespace, port=args.port))
     except ManifestError as err:
         label = _K8S_OPTION_LABELS.get(err.argument)
         raise CommandError(err.renamed(label) if label else str(err)) from None

@@ -36,7 +36,7 @@ from tf_psx.cluster import PORT_RANGE
 from tf_psx.errors import ManifestError
 from tf_psx.server import INTRA_OP_ENV as INTRA_OP_THREADS_ENV
 
-__all__ = ["ManifestError", "operator_tf_config", "tfjob_manifest", "tls_network_policy"]
+__all__ = ["ManifestError", "network_policy", "operator_tf_config", "tfjob_manifest"]
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "TFJob"
@@ -378,7 +378,7 @@ def tfjob_manifest(
     the secret (ca.crt, tls.crt, tls.key) is mounted in every container at
     TLS_MOUNT_PATH and every command runs inside `python -m tf_psx.tlsmesh`,
     which listens with TLS on `port` and gives the task a cluster of
-    loopback addresses. Apply `tls_network_policy(name)` with it: it admits
+    loopback addresses. Apply `network_policy(name)` with it: it admits
     only `port` into the job's pods, so the plain gRPC ports stay closed.
 
     Known limitations:
@@ -463,15 +463,16 @@ def tfjob_manifest(
     }
 
 
-def tls_network_policy(name: str, namespace: str | None = None, port: int = DEFAULT_PORT) -> dict[str, Any]:
-    """The NetworkPolicy that goes with `tfjob_manifest(..., tls_secret=...)`.
+def network_policy(name: str, namespace: str | None = None, port: int = DEFAULT_PORT) -> dict[str, Any]:
+    """The NetworkPolicy of a job: only the job's own pods reach its task port.
 
     It selects every pod of the job (the operator's job-name label) and
-    admits only TCP `port`, the TLS door of `tf_psx.tlsmesh`, and only from
-    the job's own pods. TensorFlow's plain gRPC ports, which it binds on
-    every interface, are thereby closed to everything else. It needs a
-    network plugin that enforces NetworkPolicy (Calico, Cilium, ...); on one
-    that does not, the policy is accepted and does nothing.
+    admits only TCP `port`, and only from the job's own pods. Without TLS
+    that is the task port; with `tfjob_manifest(..., tls_secret=...)` it is
+    the TLS door of `tf_psx.tlsmesh`, and TensorFlow's plain gRPC ports,
+    which it binds on every interface, are thereby closed to everything. It
+    needs a network plugin that enforces NetworkPolicy (Calico, Cilium, ...);
+    on one that does not, the policy is accepted and does nothing.
 
     Known limitations:
       * Other ports of the pods (a Prometheus `--metrics-port`, TensorBoard)
@@ -482,12 +483,12 @@ def tls_network_policy(name: str, namespace: str | None = None, port: int = DEFA
 
     Example:
 
-    >>> policy = tls_network_policy("ctr")
+    >>> policy = network_policy("ctr")
     >>> policy["spec"]["ingress"][0]["ports"]
     [{'protocol': 'TCP', 'port': 2222}]
     """
     name, _, checked_namespace, port = _check_job(name, 1, 1, False, namespace, port)
-    metadata = {"name": f"{name}-tls-only"}
+    metadata = {"name": f"{name}-tasks-only"}
     if namespace is not None:
         metadata["namespace"] = checked_namespace
     job_pods = {"matchLabels": {JOB_NAME_LABEL: name}}

@@ -17,6 +17,8 @@ import signal
 import sys
 import threading
 
+from tf_psx import _checks
+
 # Printed once the server listens; LocalCluster and the launcher wait for it.
 READY_MARK = "tf_psx.server ready"
 # Worker servers run one op thread per concurrently scheduled function plus
@@ -60,13 +62,7 @@ def thread_env(intra_op_threads: int, inter_op_threads: int | None) -> dict[str,
 
 def threads_from_env(name: str) -> int | None:
     """The thread count in environment variable `name`, or None; ValueError naming it if malformed."""
-    text = os.environ.get(name, "")
-    if text == "":
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"The environment variable {name} must be an int >= 1. Received: {text!r}. "
-                         f"Fix: unset it or set e.g. {name}=2.")
-    return int(text)
+    return _checks.int_from_env(name, 1, 2)
 
 
 def worker_inter_op_threads(num_workers: int) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_psx import partitioners as _partitioners, weights as _weights
+from tf_psx import _checks, partitioners as _partitioners, weights as _weights
 from tf_psx._tf import exact_updates as _exact_updates, keras as _tf_keras, runtime as _runtime, sync as _sync, tfra as _tfra
 from tf_psx._tf import weights as _weights_hook
 from tf_psx.cluster import ClusterConfig
@@ -88,6 +88,16 @@ def wait_until_reachable(jobs: dict, timeout_s: float) -> None:
                 "addresses in TF_CONFIG, or wait longer with ParameterServerStrategy(connect_timeout_s=...)."
             )
         time.sleep(CONNECT_POLL_S)
+
+
+def keep_alive_seconds() -> int:
+    """How long the tasks keep a departed coordinator's variables: $TF_PSX_KEEP_ALIVE_S, else 60 s.
+
+    Raises:
+      ValueError: $TF_PSX_KEEP_ALIVE_S is set and is not an int >= 1.
+    """
+    seconds = _checks.int_from_env(_runtime.KEEP_ALIVE_ENV, 1, _runtime.KEEP_ALIVE_S)
+    return _runtime.KEEP_ALIVE_S if seconds is None else seconds
 
 
 def _resolver_from(cluster: Any):
@@ -271,7 +281,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         variable_partitioner = _partitioner_from(variable_partitioner, num_ps)
         _check_no_local_tables()
         _runtime.set_grpc_fail_fast()
-        _runtime.shorten_keep_alive()
+        _runtime.shorten_keep_alive(keep_alive_seconds())
         if connect_timeout_s is not None:
             wait_until_reachable(resolver.cluster_spec().as_dict(), connect_timeout_s)
         super().__init__(resolver, variable_partitioner=variable_partitioner)

@@ -26,28 +26,14 @@ def set_grpc_fail_fast() -> None:
 # within them adds a copy (measured on TF 2.16.2: +256 MB of ps memory per
 # restart for a 256 MB table; with 5 s, none). A live coordinator keeps its
 # contexts with keep-alive RPCs, idle or not, so this bounds only what a
-# departed one leaves behind. $TF_PSX_KEEP_ALIVE_S overrides it.
+# departed one leaves behind. $TF_PSX_KEEP_ALIVE_S overrides it (read by
+# tf_psx.strategies).
 KEEP_ALIVE_S = 60
 KEEP_ALIVE_ENV = "TF_PSX_KEEP_ALIVE_S"
 
 
-def keep_alive_seconds() -> int:
-    """KEEP_ALIVE_S, or $TF_PSX_KEEP_ALIVE_S when it is an int >= 1 (ValueError naming it otherwise)."""
-    text = os.environ.get(KEEP_ALIVE_ENV)
-    if text is None:
-        return KEEP_ALIVE_S
-    try:
-        seconds = int(text)
-    except ValueError:
-        seconds = 0
-    if seconds < 1:
-        raise ValueError(f"${KEEP_ALIVE_ENV} must be an int >= 1 (seconds). Received: {text!r}. "
-                         f"Fix: unset it for the default, {KEEP_ALIVE_S}.")
-    return seconds
-
-
-def shorten_keep_alive() -> int:
-    """Makes the coordinator's remote contexts expire keep_alive_seconds() after its last RPC; returns them.
+def shorten_keep_alive(seconds: int) -> None:
+    """Makes the coordinator's remote contexts expire `seconds` after its last RPC.
 
     Sets the module default that TF reads when it first connects (private:
     context._KEEP_ALIVE_SECS) and the default of `Context.set_server_def` /
@@ -55,19 +41,16 @@ def shorten_keep_alive() -> int:
     """
     from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
 
-    seconds = keep_alive_seconds()
     context._KEEP_ALIVE_SECS = seconds  # pylint: disable=protected-access
     for name in ("set_server_def", "update_server_def"):
         method = getattr(context.Context, name)
         original = getattr(method, "__wrapped__", method)
 
-        def with_keep_alive(self, server_def, keep_alive_secs=None, _original=original):
-            return _original(self, server_def, keep_alive_secs=keep_alive_seconds() if keep_alive_secs is None
-                             else keep_alive_secs)
+        def with_keep_alive(self, server_def, keep_alive_secs=seconds, _original=original):
+            return _original(self, server_def, keep_alive_secs=keep_alive_secs)
 
         with_keep_alive.__wrapped__ = original
         setattr(context.Context, name, with_keep_alive)
-    return seconds
 
 
 def eager_context_initialized() -> bool:
