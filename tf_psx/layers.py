@@ -331,42 +331,52 @@ class FeatureEmbeddings(ShardedEmbedding):
     def build(self, input_shape=None):  # the input is a dict; the table's shape does not depend on it
         super().build(None)
 
-    def _range_check(self, every: tf.Tensor, counts: list):
-        """One check of all features' ids (concatenated, before their offsets): the first bad one is named."""
+    def _range_check(self, flat: list):
+        """One check of every feature's ids (before their offsets); the first bad id of the first bad feature is named.
+
+        The passing path costs two reductions per feature; the message's
+        operands are computed only on the failing branch.
+        """
         names = list(self.features)
-        sizes = tf.constant([self.features[name] for name in names], tf.int64)
-        counts = tf.stack(counts)
-        upper = tf.repeat(sizes, counts)
-        bad = tf.logical_or(every < 0, every >= upper)
-        first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)
-        feature = tf.searchsorted(tf.cumsum(tf.cast(counts, tf.int64)), tf.reshape(first, [1]), side="right")[0]
-        name = tf.gather(tf.constant(names), tf.minimum(feature, len(names) - 1))
-        size = tf.gather(sizes, tf.minimum(feature, len(names) - 1))
+        sizes = [self.features[name] for name in names]
         prefix = f"FeatureEmbeddings `{self.name}`: ids of feature"
         fix = "Fix: hash or clip the ids of that feature into its range, or declare a larger vocabulary for it."
         if tf.executing_eagerly():
-            if bool(tf.reduce_any(bad)):
-                raise tf.errors.InvalidArgumentError(
-                    None, None, f"{prefix} `{name.numpy().decode()}` must be in [0, {int(size)}); received id "
-                    f"{_redaction.show(str(int(every[first])))}. {fix}")
+            for name, size, part in zip(names, sizes, flat):
+                ids = part.numpy()
+                bad = ids[(ids < 0) | (ids >= size)]
+                if bad.size:
+                    raise tf.errors.InvalidArgumentError(
+                        None, None, f"{prefix} `{name}` must be in [0, {size}); received id "
+                        f"{_redaction.show(str(int(bad[0])))}. {fix}")
             return tf.no_op()
-        shown = _redaction.REDACTED if _redaction.enabled() else every[first]
-        return tf.debugging.Assert(
-            tf.logical_not(tf.reduce_any(bad)),
-            [prefix, name, "must be in [0, size); size, received id:", size, shown, fix], summarize=1)
+        lows = tf.stack([tf.reduce_min(part) for part in flat])
+        highs = tf.stack([tf.reduce_max(part) for part in flat])
+        bad = tf.logical_or(lows < 0, highs >= tf.constant(sizes, tf.int64))
+
+        def fail():
+            feature = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)
+            firsts = tf.concat([tf.boolean_mask(part, tf.logical_or(part < 0, part >= size))[:1]
+                                for part, size in zip(flat, sizes)], axis=0)
+            shown = _redaction.REDACTED if _redaction.enabled() else firsts[0]
+            assertion = tf.debugging.Assert(
+                False, [prefix, tf.gather(tf.constant(names), feature), "must be in [0, size); size, received id:",
+                        tf.gather(tf.constant(sizes, tf.int64), feature), shown, fix], summarize=1)
+            with tf.control_dependencies([assertion]):
+                return tf.constant(False)
+
+        return tf.cond(tf.reduce_any(bad), fail, lambda: tf.constant(True))
 
     def call(self, inputs):
         check_feature_dict("FeatureEmbeddings", self.name, inputs, self.features)
         flat = [tf.reshape(tf.cast(inputs[name], tf.int64), [-1]) for name in self.features]
-        sizes = [tf.size(part) for part in flat]
-        every = tf.concat(flat, axis=0)
-        with tf.control_dependencies([self._range_check(every, sizes)]):
-            every = every + tf.repeat(tf.constant(list(self.offsets.values()), tf.int64), tf.stack(sizes))
+        with tf.control_dependencies([self._range_check(flat)]):
+            every = tf.concat([part + offset for part, offset in zip(flat, self.offsets.values())], axis=0)
         unique, position = tf.unique(every)
         rows = tf.gather(self._gather(self._storage_rows(unique)), position)
         if self._dtype_policy.compute_dtype != self._dtype_policy.variable_dtype:
             rows = tf.cast(rows, self._dtype_policy.compute_dtype)
-        parts = tf.split(rows, tf.stack(sizes), axis=0)
+        parts = tf.split(rows, tf.stack([tf.size(part) for part in flat]), axis=0)
         return {name: tf.reshape(part, tf.concat([tf.shape(inputs[name]), [self.output_dim]], axis=0))
                 for name, part in zip(self.features, parts)}
 
