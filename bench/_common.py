@@ -92,15 +92,33 @@ def run_child(script: str, *args: str, timeout: float = CHILD_TIMEOUT_S) -> dict
 
 def time_fit(model, dataset_fn, warmup_steps: int, timed_steps: int, callbacks=None) -> float:
     """ms per `model.fit` step over `timed_steps`, after `warmup_steps` (the trace)."""
+    return time_fit_cpu(model, dataset_fn, warmup_steps, timed_steps, {}, callbacks)[0]
+
+
+def _cpu_ms(pid: int) -> float:
+    """CPU time (user + system) of process `pid` so far, in ms (from /proc; 0.0 where there is none)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # Fields 14 and 15 of proc(5) (utime, stime), counted after the ")" that ends field 2.
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
+def time_fit_cpu(model, dataset_fn, warmup_steps: int, timed_steps: int, pids: dict, callbacks=None):
+    """(ms per step, {name: CPU ms per step of process pids[name]}) over the timed steps, as `time_fit`."""
     import time  # pylint: disable=import-outside-toplevel
 
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     data = tf.keras.utils.experimental.DatasetCreator(dataset_fn)
     model.fit(data, epochs=1, steps_per_epoch=warmup_steps, verbose=0, callbacks=callbacks)
+    before = {name: _cpu_ms(pid) for name, pid in pids.items()}
     start = time.perf_counter()
     model.fit(data, epochs=1, steps_per_epoch=timed_steps, verbose=0, callbacks=callbacks)
-    return (time.perf_counter() - start) * 1000 / timed_steps
+    ms = (time.perf_counter() - start) * 1000 / timed_steps
+    return ms, {name: (_cpu_ms(pid) - before[name]) / timed_steps for name, pid in pids.items()}
 
 
 def logistic_model(num_rows: int, fields: int, learning_rate: float):

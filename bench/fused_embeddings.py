@@ -130,7 +130,7 @@ def child(variant: str, workers: str, num_features: str) -> None:
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from _common import time_fit  # pylint: disable=import-outside-toplevel
+    from _common import time_fit_cpu  # pylint: disable=import-outside-toplevel
 
     cluster = tf_psx.LocalCluster(num_workers=int(workers), num_ps=2, processes=True).start()
     try:
@@ -138,13 +138,14 @@ def child(variant: str, workers: str, num_features: str) -> None:
             cluster, tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
         with strategy.scope():
             model, dataset_fn, ids = build(variant, int(num_features))
-        ms = time_fit(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS)
+        pids = dict(cluster.task_pids(), coordinator=os.getpid())
+        ms, cpu = time_fit_cpu(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, pids)
     finally:
         cluster.stop()
-    moved = 0.0 if variant == "mlp_only" else value_bytes(ids, 2 if "bf16" in variant else 4,
-                                                          dedup=not variant.startswith("stock"))
-    print(json.dumps({"ms_per_step": ms, "examples_per_s": 1000.0 * BATCH / ms, "value_bytes_per_step": moved}),
-          flush=True)
+    moved = 0.0 if variant.startswith("mlp_only") else value_bytes(ids, 2 if "bf16" in variant else 4,
+                                                                   dedup=not variant.startswith("stock"))
+    print(json.dumps({"ms_per_step": ms, "examples_per_s": 1000.0 * BATCH / ms, "value_bytes_per_step": moved,
+                      "cpu_ms_per_step": cpu}), flush=True)
 
 
 RUNS = [
@@ -195,7 +196,9 @@ def main() -> None:
         ms = sum(run["ms_per_step"] for run in runs) / len(runs)
         results[key] = {"ms_per_step": ms, "examples_per_s": 1000.0 * BATCH / ms,
                         "value_bytes_per_step": runs[0]["value_bytes_per_step"],
-                        "rounds_ms_per_step": [round(run["ms_per_step"], 2) for run in runs]}
+                        "rounds_ms_per_step": [round(run["ms_per_step"], 2) for run in runs],
+                        "cpu_ms_per_step": {name: sum(run["cpu_ms_per_step"][name] for run in runs) / len(runs)
+                                            for name in runs[0]["cpu_ms_per_step"]}}
 
     def rate(variant, workers=1, features=26):
         return results[(variant, workers, features)]["examples_per_s"]
@@ -232,6 +235,13 @@ def main() -> None:
         rows.append({"metric": f"embedding stage, {features} features: fused / stock", "value": round(ratio, 3),
                      "target": f">= {TARGETS['stage']}" if features == 26 else None,
                      "ok": ratio >= TARGETS["stage"] if features == 26 else None})
+    for variant in ("stock", "fused", "mlp_only", "stock_stage", "fused_stage", "mlp_only_stage"):
+        cpu = results[(variant, 1, 26)]["cpu_ms_per_step"]
+        ps = sum(value for name, value in cpu.items() if name.startswith("ps"))
+        rows.append({"metric": f"where the time goes, {variant} (1 worker, 26 features): CPU ms per step of the "
+                     "worker / the 2 ps tasks / the coordinator, against the wall ms per step",
+                     "value": f"{cpu['worker:0']:.1f} / {ps:.1f} / {cpu['coordinator']:.1f} (sum "
+                              f"{sum(cpu.values()):.1f}) against {results[(variant, 1, 26)]['ms_per_step']:.1f}"})
     stock_bytes = results[("stock", 1, 26)]["value_bytes_per_step"]
     for variant in ("stock", "fused", "fused_bf16"):
         value = results[(variant, 1, 26)]["value_bytes_per_step"]
