@@ -22,6 +22,9 @@ __all__ = ["ShardedEmbedding", "FeatureEmbeddings", "DynamicEmbedding", "Dynamic
            "balanced_permutation"]
 
 _keras = _tf_keras.keras()
+# Registered under this package, so `tf.keras.models.load_model` rebuilds the
+# layers of a saved model (.keras, .h5, SavedModel) without custom_objects.
+_serializable = _keras.utils.register_keras_serializable(package="tf_psx")
 
 # The golden ratio conjugate. Multiplying ids by the integer nearest to
 # N * phi (mod N) is a Weyl sequence: the first k ids land evenly over
@@ -77,6 +80,7 @@ def balanced_permutation(ids: np.ndarray, input_dim: int) -> np.ndarray:
     return (ids * _balance_multiplier(input_dim)) % input_dim
 
 
+@_serializable
 class ShardedEmbedding(_keras.layers.Embedding):
     """`tf.keras.layers.Embedding` for tables split over parameter servers.
 
@@ -260,6 +264,7 @@ def _through_wire(shard, rows: tf.Tensor, wire_dtype) -> tf.Tensor:
     return wire(values)
 
 
+@_serializable
 class FeatureEmbeddings(ShardedEmbedding):
     """Many categorical features in one sharded table: one deduplicated gather and update per ps per step.
 
@@ -436,6 +441,7 @@ def _ps_devices() -> list[str] | None:
     return [f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(_runtime.num_ps(strategy))]
 
 
+@_serializable
 class DynamicEmbedding(_keras.layers.Layer):
     """A hash-table embedding (tensorflow-recommenders-addons) with no vocabulary size.
 
@@ -691,6 +697,7 @@ def split_feature_rows(rows, inputs: dict, features, sizes, output_dim: int) -> 
             for name, part in zip(features, parts)}
 
 
+@_serializable
 class DynamicFeatureEmbeddings(DynamicEmbedding):
     """Many open-ended categorical features in one hash table: one lookup per step for all of them.
 

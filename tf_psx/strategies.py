@@ -290,7 +290,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         if exact_updates:
             _exact_updates.install()
         _exact_updates.install_compile_warning()
-        _weights_hook.install(_weights.convert)
+        _weights_hook.install(_weights.convert, _weights.whole_values)
         self.sync_controller = None
         if sync is not False:
             _sync.install()

@@ -15,6 +15,11 @@ Embedding + Dense model, where the same model built without a strategy gives
   each sharded variable). A local model's `set_weights` also takes a cluster
   model's shard list, joining consecutive shards whose rows add up to a
   weight's shape.
+* Once such a strategy exists, `model.save` to `.keras` and `.h5` writes
+  each sharded table (and its optimizer slots) whole, as a local model has
+  it, and loading splits it into the shards of the model it loads into.
+  tf-keras alone writes one entry per shard, which a local model refuses
+  (`.keras`), or fails to write at all (`.h5`, "name already exists").
 
 Example:
 
@@ -62,6 +67,15 @@ def unsharded_weights(layer) -> list[np.ndarray]:
     for container, members in _groups(layer.weights):
         parts = values[index : index + len(members)]
         index += len(members)
+        out.append(np.concatenate(parts, axis=0) if container is not None else parts[0])
+    return out
+
+
+def whole_values(params) -> list[np.ndarray]:
+    """The values of `params` (variables, shards among them) as numpy arrays, each sharded variable's shards joined."""
+    out = []
+    for container, members in _groups(params):
+        parts = [member.numpy() for member in members]
         out.append(np.concatenate(parts, axis=0) if container is not None else parts[0])
     return out
 
