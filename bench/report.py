@@ -36,7 +36,7 @@ def render(records: list[dict]) -> str:
             unit = f" {row['unit']}" if row.get("unit") else ""
             ok = row.get("ok")
             met = "yes" if ok is True else "no" if ok is False else "-"
-            parts.append(f"| {row['metric']} | {_fmt(row['value'])}{unit} | {row.get('target', '-')} | {met} |\n")
+            parts.append(f"| {row['metric']} | {_fmt(row['value'])}{unit} | {row.get('target') or '-'} | {met} |\n")
         for image in rec.get("images", []):
             parts.append(f"\n![{rec['name']}]({image})\n")
     return "".join(parts)
