@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -10,7 +14,7 @@ from tensorflow.python.distribute import sharded_variable
 import tf_psx
 from tf_psx._tf import keras as _tf_keras
 
-from conftest import run_script
+from conftest import SCRIPT_TIMEOUT_S, run_script
 
 NUM_ROWS = 1000
 DIM = 4
@@ -174,6 +178,35 @@ def test_keras3_model_gets_a_clear_error(ps_strategy):
 def test_tf_keras_is_routed_to_tf_keras():
     assert _tf_keras.tf_keras_is_legacy()
     assert tf.keras.layers.Dense.__module__.startswith("tf_keras")
+
+
+# A user's script imports tensorflow first; TFRA (the first DynamicEmbedding)
+# then runs `from tensorflow.keras.initializers import ...`. Before the fix
+# that rebound `tf.keras` to Keras 3 mid-script, and the user's next
+# `tf.keras.Model` failed ("All `inputs` values must be KerasTensors").
+_TENSORFLOW_FIRST = """
+import numpy as np
+import tensorflow as tf
+import tf_psx
+before = tf.keras.Model
+layer = tf_psx.layers.DynamicEmbedding(4, name="dyn")
+assert tf.keras.Model is before and before.__module__.startswith("tf_keras"), tf.keras.Model
+import tensorflow.keras.initializers as initializers
+assert initializers.Zeros.__module__.startswith("tf_keras"), initializers.Zeros
+inputs = tf.keras.Input((2,), dtype=tf.int64)
+model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(layer(inputs))))
+model.compile("adagrad", "mse")
+model.fit(np.arange(16).reshape(8, 2), np.ones((8, 1)), epochs=1, verbose=0)
+print("TRAINED", layer.size())
+"""
+
+
+def test_tensorflow_imported_first_keeps_tf_keras_after_a_dynamic_embedding():
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    result = subprocess.run([sys.executable, "-c", _TENSORFLOW_FIRST], capture_output=True, text=True,
+                            timeout=SCRIPT_TIMEOUT_S, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TRAINED 16" in result.stdout
 
 
 def test_auto_strategy_without_tf_config_is_default(monkeypatch):

@@ -23,6 +23,39 @@ LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 os.environ.setdefault(LEGACY_KERAS_ENV, "1")
 
 
+def _route_tensorflow_keras_imports() -> None:
+    """Makes `import tensorflow.keras.X` find tf-keras when tensorflow was imported before tf_psx.
+
+    The lazy `tf.keras` reads the variable on first use, but TF 2.16's
+    `tensorflow/__init__.py` also reads it once at import, to put the
+    package that `import tensorflow.keras...` finds first on
+    `tensorflow.__path__`: Keras 3's (`keras/_tf_keras`) when it was unset.
+    A module that then runs `from tensorflow.keras.initializers import ...`
+    (TFRA 0.8.1 does, so the first DynamicEmbedding did) imports Keras 3's
+    `tensorflow.keras`, and Python binds `tf.keras` to it: after that,
+    `tf.keras.Model` in the user's own code was Keras 3. Here the tf-keras
+    directory is put first, as TF does when the variable is set before it is
+    imported.
+    """
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    tensorflow = sys.modules.get("tensorflow")
+    if (tensorflow is None or "tensorflow.keras" in sys.modules
+            or os.environ.get(LEGACY_KERAS_ENV) not in ("true", "True", "1")):
+        return
+    spec = importlib.util.find_spec("tf_keras")  # found, not imported
+    if spec is None or spec.origin is None:
+        return
+    legacy_dir = os.path.join(os.path.dirname(spec.origin), "api", "_v2")
+    path = getattr(tensorflow, "__path__", None)
+    if isinstance(path, list) and os.path.isdir(os.path.join(legacy_dir, "keras")) and path[:1] != [legacy_dir]:
+        path.insert(0, legacy_dir)
+
+
+_route_tensorflow_keras_imports()
+
+
 KERAS3_FIX = (
     "Fix: use tf-keras (Keras 2), which tf_psx installs: write `import tf_keras as keras` "
     "or use `tf.keras` after `import tf_psx`, and build the model again. Keras 3 cannot run "

@@ -220,7 +220,7 @@ def install_tfra_optimizer_hook() -> None:
             raise DynamicEmbeddingSaveError(
                 f"Model {self.name} holds a tf_psx.layers.DynamicEmbedding; Model.save({str(filepath)!r}) would "
                 "write a SavedModel that needs TFRA's ops to load and cannot serve in plain TensorFlow or TF "
-                "Serving. Fix: tf_psx.export_serving(model, path) for a model that serves anywhere; "
+                "Serving, or a .keras / .h5 file without the hash tables (they are not Keras weights). Fix: tf_psx.export_serving(model, path) for a model that serves anywhere; "
                 "model.save_weights(path), tf.keras.callbacks.ModelCheckpoint(..., save_weights_only=True) or "
                 "tf_psx.callbacks.PeriodicSync for checkpoints to resume from."
             )
