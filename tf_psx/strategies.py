@@ -18,7 +18,8 @@ from typing import Any
 import tensorflow as tf
 
 from tf_psx import _checks, partitioners as _partitioners, weights as _weights
-from tf_psx._tf import exact_updates as _exact_updates, keras as _tf_keras, runtime as _runtime, sync as _sync, tfra as _tfra
+from tf_psx._tf import evaluation as _evaluation, exact_updates as _exact_updates, keras as _tf_keras, runtime as _runtime
+from tf_psx._tf import sync as _sync, tfra as _tfra
 from tf_psx._tf import weights as _weights_hook
 from tf_psx.cluster import ClusterConfig
 from tf_psx.errors import ClusterUnreachableError, Keras3Error, LocalResourcesError, TFConfigError
@@ -226,8 +227,14 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         another worker; also how long `fit` waits when no worker is
         reachable before raising `SyncStepError`.
 
+    `model.evaluate(dataset)` of a finite `tf.data.Dataset` with no `steps`
+    (and `fit`'s `validation_data`) uses tf-keras's exact evaluation, every
+    element once, unless `compile(pss_evaluation_shards=...)` chose
+    otherwise; TF alone fails with `CancelledError` (tf_psx._tf.evaluation).
+
     Attributes:
       exact_updates: as passed.
+      exact_evaluation: True: evaluate finite datasets as above.
       sync_controller: the sync state (None when `sync=False`).
       num_workers: the worker tasks of the cluster.
       cluster_config: the `tf_psx.ClusterConfig`, or None when a resolver
@@ -291,6 +298,9 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
             _exact_updates.install()
         _exact_updates.install_compile_warning()
         _weights_hook.install(_weights.convert, _weights.whole_values)
+        # model.evaluate(finite dataset) with no steps: tf-keras's exact evaluation (tf_psx._tf.evaluation).
+        self.exact_evaluation = True
+        _evaluation.install()
         self.sync_controller = None
         if sync is not False:
             _sync.install()

@@ -1,0 +1,112 @@
+"""model.evaluate and fit's validation of finite datasets under ParameterServerStrategy (session cluster)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_psx
+
+ROWS = 150  # 9 full batches of 16 and one of 6: every row counts once, the short batch too
+BATCH = 16
+
+
+def _data(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 40, size=(ROWS, 2)).astype(np.int64)
+    labels = (rng.random(ROWS) < 0.4).astype(np.float32)
+    return ids, labels
+
+
+def _model():
+    inputs = tf.keras.Input((2,), dtype=tf.int64)
+    vectors = tf_psx.layers.ShardedEmbedding(40, 4, name="emb")(inputs)
+    out = tf.keras.layers.Dense(1, activation="sigmoid")(tf.keras.layers.Flatten()(vectors))
+    return tf.keras.Model(inputs, out)
+
+
+def _compiled(strategy=None):
+    scope = strategy.scope() if strategy is not None else tf.distribute.get_strategy().scope()
+    with scope:
+        model = _model()
+        model.compile(tf.keras.optimizers.Adagrad(0.1), "binary_crossentropy",
+                      metrics=[tf.keras.metrics.BinaryAccuracy(name="acc"), tf.keras.metrics.AUC(name="auc")])
+    return model
+
+
+def _same_weights(remote):
+    local = _compiled()
+    local.set_weights(tf_psx.unsharded_weights(remote))
+    return local
+
+
+def test_evaluate_of_a_finite_dataset_equals_one_process(ps_strategy):
+    # tf-keras alone: CancelledError "The corresponding function is cancelled".
+    remote = _compiled(ps_strategy)
+    rng = np.random.default_rng(3)
+    remote.set_weights([rng.normal(size=w.shape).astype(np.float32) for w in tf_psx.unsharded_weights(remote)])
+    ids, labels = _data()
+    dataset = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH)
+    got = remote.evaluate(dataset, verbose=0, return_dict=True)
+    want = _same_weights(remote).evaluate(dataset, verbose=0, return_dict=True)
+    assert set(got) == {"loss", "acc", "auc"} and all(isinstance(v, float) for v in got.values()), got
+    for key in want:
+        assert got[key] == pytest.approx(want[key], abs=1e-5), (key, got, want)
+    # The list form.
+    listed = remote.evaluate(dataset, verbose=0)
+    assert listed == pytest.approx([want["loss"], want["acc"], want["auc"]], abs=1e-5)
+
+
+def test_fit_validates_on_a_finite_dataset_each_epoch(ps_strategy):
+    remote = _compiled(ps_strategy)
+    ids, labels = _data()
+    validation = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH)
+
+    def train(_ctx):
+        return tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH)
+
+    history = remote.fit(tf.keras.utils.experimental.DatasetCreator(train), epochs=2, steps_per_epoch=5,
+                         validation_data=validation, verbose=0)
+    assert len(history.history["val_loss"]) == 2 and all(isinstance(v, float) for v in history.history["val_loss"])
+    # The last validation saw the final weights: it equals a one-process evaluate of them.
+    want = _same_weights(remote).evaluate(validation, verbose=0, return_dict=True)
+    assert history.history["val_loss"][-1] == pytest.approx(want["loss"], abs=1e-5)
+    assert history.history["val_auc"][-1] == pytest.approx(want["auc"], abs=1e-5)
+
+
+def test_evaluate_with_steps_is_left_to_tf_keras(ps_strategy):
+    remote = _compiled(ps_strategy)
+    ids, labels = _data()
+    repeated = tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH)
+    logs = remote.evaluate(repeated, steps=3, verbose=0, return_dict=True)
+    assert remote._pss_evaluation_shards == 0  # pylint: disable=protected-access
+    assert np.isfinite(logs["loss"])
+
+
+def test_an_infinite_dataset_without_steps_is_an_error_not_a_hang(ps_strategy):
+    remote = _compiled(ps_strategy)
+    ids, labels = _data()
+    repeated = tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH)
+    with pytest.raises(ValueError, match=r"infinite dataset and no steps: it would never end\. Received: steps=None\. "
+                                         r"Fix: pass steps=N"):
+        remote.evaluate(repeated, verbose=0)
+
+
+class _OwnTestStep(tf.keras.Model):
+    def test_step(self, data):
+        return super().test_step(data)
+
+
+def test_a_custom_test_step_without_steps_names_the_fix(ps_strategy):
+    with ps_strategy.scope():
+        inputs = tf.keras.Input((2,), dtype=tf.int64)
+        out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(tf.keras.layers.Embedding(40, 4)(inputs)))
+        model = _OwnTestStep(inputs, out)
+        model.compile("adagrad", "mse")
+    ids, labels = _data()
+    with pytest.raises(ValueError, match=r"does not call the custom `test_step` of _OwnTestStep\. Received: steps=None\. "
+                                         r"Fix: pass steps=N"):
+        model.evaluate(tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH), verbose=0)
+    # With steps it runs (tf-keras's own path).
+    model.evaluate(tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH), steps=2, verbose=0)

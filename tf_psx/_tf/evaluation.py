@@ -1,0 +1,175 @@
+"""`model.evaluate` of a finite dataset under ParameterServerStrategy (tf-keras 2.16, TF 2.16.2).
+
+Under a ClusterCoordinator, tf-keras evaluates a dataset with no `steps` by
+scheduling steps until one of them runs out of data. The closures scheduled
+after it are cancelled, and reading their logs raises
+`CancelledError: The corresponding function is cancelled. Please reschedule
+the function.` from deep inside TF: `model.evaluate(test_ds)`, the line every
+Keras user writes after `fit`, failed. (With an infinite dataset and no
+`steps` it never returned.)
+
+tf-keras has a mode that evaluates a finite dataset correctly, "exact
+evaluation" (`compile(pss_evaluation_shards=...)`): the dataset is cut into
+shards, each shard is one closure, and every element is evaluated exactly
+once, even when a worker fails. Here `evaluate` (and `fit`'s validation)
+switches to it for the call when nothing else was chosen: no `steps`, the
+model compiled without `pss_evaluation_shards`, and a `tf.data.Dataset`. Its
+logs are tensors in tf-keras; they are returned as Python floats, as
+`evaluate` returns them everywhere else.
+
+Cases it cannot serve get an error that names the fix instead: an infinite
+dataset with no `steps`, and a model with its own `test_step` (exact
+evaluation does not call it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+
+import tensorflow as tf
+
+from tf_psx._tf.keras import keras
+
+_install_lock = threading.Lock()
+_INSTALLED = False
+# tf-keras's own heuristic for pss_evaluation_shards="auto" (Model._infer_exact_eval_shards).
+AUTO = "auto"
+
+
+def _model_class():
+    return keras().Model
+
+
+def _finite_input(x) -> bool:
+    """True for a tf.data.Dataset (of known or unknown size), the input exact evaluation takes.
+
+    tf-keras's exact evaluation drops `y` of array inputs
+    (`_ClusterCoordinatorExactEvalDataHandler.__init__`), so arrays are not
+    switched: for them tf-keras's own error already asks for `steps`.
+    """
+    return isinstance(x, tf.data.Dataset)
+
+
+def _check_evaluable(model, x, what: str) -> None:
+    if isinstance(x, tf.data.Dataset) and int(x.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
+        raise ValueError(
+            f"{what} under ParameterServerStrategy got an infinite dataset and no steps: it would never end. "
+            f"Received: steps=None. Fix: pass steps=N, or a finite dataset (no .repeat())."
+        )
+    if type(model).test_step is not _model_class().test_step:
+        raise ValueError(
+            f"{what} under ParameterServerStrategy with a finite dataset and no steps needs tf-keras's exact "
+            f"evaluation, which does not call the custom `test_step` of {type(model).__qualname__}. Received: "
+            "steps=None. Fix: pass steps=N (the number of batches to evaluate)."
+        )
+
+
+def _zeros_like_spec(spec):
+    return tf.zeros([1 if dim is None else dim for dim in spec.shape], spec.dtype)
+
+
+def _build_metrics(model, x, y, what: str) -> None:
+    """Builds the compiled loss and metrics from the data's target and the model's output specs (zeros).
+
+    Exact evaluation clones `compiled_metrics.unweighted_metrics`, which
+    tf-keras only fills on the first step of a fit or evaluate: before any,
+    it failed with "'NoneType' object is not iterable".
+    """
+    metrics = model.compiled_metrics
+    if metrics is None or metrics.built:
+        return
+    outputs = getattr(model, "_nested_outputs", None)
+    if outputs is None:
+        raise ValueError(
+            f"{what} under ParameterServerStrategy with a finite dataset and no steps uses tf-keras's exact "
+            f"evaluation, which needs the metrics built; a subclassed {type(model).__qualname__} builds them on its "
+            "first step. Received: steps=None. Fix: train a step first, or pass steps=N."
+        )
+    if isinstance(x, tf.data.Dataset):
+        _, target_spec, _ = keras().utils.unpack_x_y_sample_weight(x.element_spec)
+        target = tf.nest.map_structure(_zeros_like_spec, target_spec)
+    else:
+        target = tf.nest.map_structure(lambda value: tf.convert_to_tensor(value[:1]), y)
+    predicted = tf.nest.map_structure(_zeros_like_spec, outputs)
+    if model.compiled_loss is not None and not model.compiled_loss.built:
+        model.compiled_loss.build(predicted)  # its mean ("loss") is one of model.metrics once built
+    metrics.build(predicted, target)
+
+
+@contextlib.contextmanager
+def _exact(model):
+    """Exact evaluation for the block (the shards as tf-keras's 'auto' picks them)."""
+    model._pss_evaluation_shards = model._infer_exact_eval_shards(AUTO)  # pylint: disable=protected-access
+    try:
+        yield
+    finally:
+        model._pss_evaluation_shards = 0  # pylint: disable=protected-access
+        model._eval_data_handler = None  # pylint: disable=protected-access
+
+
+def _python_numbers(logs):
+    def number(value):
+        if isinstance(value, (tf.Tensor, tf.Variable)) and value.shape.rank == 0:
+            return value.numpy().item()
+        return value
+
+    if isinstance(logs, dict):
+        return {key: number(value) for key, value in logs.items()}
+    if isinstance(logs, list):
+        return [number(value) for value in logs]
+    return number(logs)
+
+
+def _applies(model, steps) -> bool:
+    strategy = model.distribute_strategy
+    return (steps is None and getattr(strategy, "_should_use_with_coordinator", False)
+            and getattr(strategy, "exact_evaluation", False)
+            and not getattr(model, "_pss_evaluation_shards", 0))
+
+
+def install() -> None:
+    """Routes tf-keras `Model.evaluate` and `fit`'s validation through exact evaluation where needed (once)."""
+    global _INSTALLED  # pylint: disable=global-statement
+    with _install_lock:
+        if _INSTALLED:
+            return
+        model_class = _model_class()
+        original_evaluate = model_class.evaluate
+        original_fit = model_class.fit
+        evaluate_signature = inspect.signature(original_evaluate)
+        fit_signature = inspect.signature(original_fit)
+
+        def evaluate(self, *args, **kwargs):
+            bound = evaluate_signature.bind(self, *args, **kwargs).arguments
+            cached = bound.get("kwargs", {}).get("_use_cached_eval_dataset", False)
+            if cached or not _applies(self, bound.get("steps")) or not _finite_input(bound.get("x")):
+                return original_evaluate(self, *args, **kwargs)
+            _check_evaluable(self, bound.get("x"), "model.evaluate")
+            _build_metrics(self, bound.get("x"), bound.get("y"), "model.evaluate")
+            with _exact(self):
+                return _python_numbers(original_evaluate(self, *args, **kwargs))
+
+        def fit(self, *args, **kwargs):
+            bound = fit_signature.bind(self, *args, **kwargs).arguments
+            validation = bound.get("validation_data")
+            if validation is None or not _applies(self, bound.get("validation_steps")):
+                return original_fit(self, *args, **kwargs)
+            x = validation[0] if isinstance(validation, tuple) else validation
+            if not _finite_input(x):
+                return original_fit(self, *args, **kwargs)
+            _check_evaluable(self, x, "model.fit's validation")
+            _build_metrics(self, x, validation[1] if isinstance(validation, tuple) else None, "model.fit's validation")
+            with _exact(self):
+                history = original_fit(self, *args, **kwargs)
+            history.history = {key: _python_numbers(values) for key, values in history.history.items()}
+            return history
+
+        for patched, original in ((evaluate, original_evaluate), (fit, original_fit)):
+            patched.__doc__ = original.__doc__
+            patched.__wrapped__ = original
+            patched.__signature__ = inspect.signature(original)
+        model_class.evaluate = evaluate
+        model_class.fit = fit
+        _INSTALLED = True
