@@ -110,3 +110,49 @@ def test_a_custom_test_step_without_steps_names_the_fix(ps_strategy):
         model.evaluate(tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH), verbose=0)
     # With steps it runs (tf-keras's own path).
     model.evaluate(tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH), steps=2, verbose=0)
+
+
+def test_after_exact_evaluation_steps_and_a_recompile_work(ps_strategy):
+    remote = _compiled(ps_strategy)
+    ids, labels = _data()
+    finite = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH)
+    remote.evaluate(finite, verbose=0)
+    # tf-keras left its shard function in test_function: a steps= evaluate then failed with a TypeError.
+    repeated = tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH)
+    assert np.isfinite(remote.evaluate(repeated, steps=2, verbose=0, return_dict=True)["loss"])
+    # A recompiled model is evaluated with its new loss (the cached shard function had the old one).
+    with ps_strategy.scope():
+        remote.compile(tf.keras.optimizers.Adagrad(0.1), "mse")
+    got = remote.evaluate(finite, verbose=0, return_dict=True)
+    local = _same_weights(remote)
+    local.compile(tf.keras.optimizers.Adagrad(0.1), "mse")
+    assert set(got) == {"loss"}
+    assert got["loss"] == pytest.approx(local.evaluate(finite, verbose=0), abs=1e-5)
+
+
+def test_validation_logs_reach_callbacks_as_numbers(ps_strategy, tmp_path):
+    remote = _compiled(ps_strategy)
+    ids, labels = _data()
+
+    def train(_ctx):
+        return tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH)
+
+    path = tmp_path / "log.csv"
+    remote.fit(tf.keras.utils.experimental.DatasetCreator(train), epochs=2, steps_per_epoch=3, verbose=0,
+               validation_data=tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH),
+               callbacks=[tf.keras.callbacks.CSVLogger(str(path))])  # it failed on tensors
+    rows = path.read_text().strip().splitlines()
+    assert len(rows) == 3 and "val_loss" in rows[0]
+    assert all(np.isfinite(float(value)) for value in rows[-1].split(","))
+
+
+def test_a_regularized_model_without_steps_names_the_fix(ps_strategy):
+    with ps_strategy.scope():
+        inputs = tf.keras.Input((2,), dtype=tf.int64)
+        vectors = tf.keras.layers.Embedding(40, 4, embeddings_regularizer="l2")(inputs)
+        model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(vectors)))
+        model.compile("adagrad", "mse")
+    ids, labels = _data()
+    with pytest.raises(ValueError, match=r"leaves out the model's \d+ regularization or add_loss term\(s\) from the "
+                                         r"loss\. Received: steps=None\. Fix: pass steps=N"):
+        model.evaluate(tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH), verbose=0)

@@ -6,7 +6,8 @@ context, so the ps frees its variables only when the context expires: after
 TF's 600 s by default, after `KEEP_ALIVE_S` (or $TF_PSX_KEEP_ALIVE_S) under
 tf_psx. Two departed chiefs with TF's 600 s add a table each (the control,
 which shows that the measurement sees a table that stays); then three with a
-3 s keep-alive leave the ps as large as the first of them did.
+3 s keep-alive: the last two grow the ps by less than the two tables they
+would have left.
 """
 
 from __future__ import annotations
@@ -75,9 +76,10 @@ def test_a_departed_coordinators_table_is_freed_after_the_keep_alive(tmp_path):
             _chief(config, SHORT_S)
             time.sleep(2 * SHORT_S)  # past the expiry, and a GC pass of the ps (every second)
             rss.append(_rss_mb(ps_pid))
-        # Each short-lived table is gone before the next chief comes, which reuses its memory:
-        # after the first, the ps does not grow.
-        assert rss[5] - rss[3] < TABLE_MB / 2, rss
+        # Each short-lived table is gone before the next chief comes. Kept, the last two would
+        # add two tables (256 MB); freed, the allocator hands most of the pages out again
+        # (measured growth for the two: 0 to 115 MB). The bound sits between.
+        assert rss[5] - rss[3] < 1.5 * TABLE_MB, rss
         (tmp_path / "rss.json").write_text(json.dumps(rss))
     finally:
         for proc in servers:

@@ -17,9 +17,14 @@ model compiled without `pss_evaluation_shards`, and a `tf.data.Dataset`. Its
 logs are tensors in tf-keras; they are returned as Python floats, as
 `evaluate` returns them everywhere else.
 
-Cases it cannot serve get an error that names the fix instead: an infinite
-dataset with no `steps`, and a model with its own `test_step` (exact
-evaluation does not call it).
+Cases it cannot serve get an error that names `steps=N` instead, before
+anything runs: an infinite dataset; a model with its own `test_step`,
+`compute_loss` or `compute_metrics`, with regularization or `add_loss`
+terms, or with `add_metric` metrics (exact evaluation computes the loss from
+`compile`'s arguments alone); a model whose output or target shapes are
+unknown before its first step. Known limitation: a dataset with no end that
+TF cannot see as infinite (an endless generator, `repeat().filter(...)`)
+evaluates forever, as `evaluate` without a strategy does.
 """
 
 from __future__ import annotations
@@ -52,22 +57,40 @@ def _finite_input(x) -> bool:
     return isinstance(x, tf.data.Dataset)
 
 
+def _refuse(what: str, why: str) -> ValueError:
+    return ValueError(
+        f"{what} under ParameterServerStrategy with a finite dataset and no steps needs tf-keras's exact "
+        f"evaluation, which {why}. Received: steps=None. Fix: pass steps=N (the number of batches to evaluate)."
+    )
+
+
 def _check_evaluable(model, x, what: str) -> None:
+    """Refuses what exact evaluation would get wrong or never finish (before anything runs)."""
     if isinstance(x, tf.data.Dataset) and int(x.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
         raise ValueError(
             f"{what} under ParameterServerStrategy got an infinite dataset and no steps: it would never end. "
             f"Received: steps=None. Fix: pass steps=N, or a finite dataset (no .repeat())."
         )
-    if type(model).test_step is not _model_class().test_step:
-        raise ValueError(
-            f"{what} under ParameterServerStrategy with a finite dataset and no steps needs tf-keras's exact "
-            f"evaluation, which does not call the custom `test_step` of {type(model).__qualname__}. Received: "
-            "steps=None. Fix: pass steps=N (the number of batches to evaluate)."
-        )
+    base = _model_class()
+    for method in ("test_step", "compute_loss", "compute_metrics"):
+        if getattr(type(model), method) is not getattr(base, method):
+            raise _refuse(what, f"does not call the custom `{method}` of {type(model).__qualname__}")
+    if model.losses:
+        # The shard function rebuilds the loss from compile()'s config alone.
+        raise _refuse(what, f"leaves out the model's {len(model.losses)} regularization or add_loss term(s) "
+                            "from the loss")
+    try:
+        model._disallow_exact_eval_with_add_metrics()  # pylint: disable=protected-access
+    except ValueError:
+        raise _refuse(what, "cannot compute metrics added with Model.add_metric") from None
 
 
-def _zeros_like_spec(spec):
-    return tf.zeros([1 if dim is None else dim for dim in spec.shape], spec.dtype)
+def _example_of(spec):
+    """Zeros of one example of `spec`, or None when a dimension other than the batch is unknown."""
+    dims = spec.shape.as_list() if spec.shape.rank is not None else None
+    if not dims or any(dim is None for dim in dims[1:]):
+        return None
+    return tf.zeros([1] + dims[1:], spec.dtype)
 
 
 def _build_metrics(model, x, y, what: str) -> None:
@@ -81,32 +104,45 @@ def _build_metrics(model, x, y, what: str) -> None:
     if metrics is None or metrics.built:
         return
     outputs = getattr(model, "_nested_outputs", None)
-    if outputs is None:
-        raise ValueError(
-            f"{what} under ParameterServerStrategy with a finite dataset and no steps uses tf-keras's exact "
-            f"evaluation, which needs the metrics built; a subclassed {type(model).__qualname__} builds them on its "
-            "first step. Received: steps=None. Fix: train a step first, or pass steps=N."
-        )
     if isinstance(x, tf.data.Dataset):
         _, target_spec, _ = keras().utils.unpack_x_y_sample_weight(x.element_spec)
-        target = tf.nest.map_structure(_zeros_like_spec, target_spec)
+        target = tf.nest.map_structure(_example_of, target_spec)
     else:
         target = tf.nest.map_structure(lambda value: tf.convert_to_tensor(value[:1]), y)
-    predicted = tf.nest.map_structure(_zeros_like_spec, outputs)
+    predicted = None if outputs is None else tf.nest.map_structure(_example_of, outputs)
+    if predicted is None or target is None or any(t is None for t in tf.nest.flatten([predicted, target])):
+        # Metric names such as "accuracy" are resolved from these shapes: no guessing.
+        raise _refuse(what, "needs the metrics built, and tf-keras builds them on the first step of "
+                            f"{type(model).__qualname__} (its output or target shapes are not known before)")
     if model.compiled_loss is not None and not model.compiled_loss.built:
         model.compiled_loss.build(predicted)  # its mean ("loss") is one of model.metrics once built
     metrics.build(predicted, target)
 
 
+# Set on the model while tf_psx's exact evaluation is on (fit's validation reads it).
+_ACTIVE_ATTR = "_tf_psx_exact_evaluation"
+
+
 @contextlib.contextmanager
 def _exact(model):
-    """Exact evaluation for the block (the shards as tf-keras's 'auto' picks them)."""
+    """Exact evaluation for the block (the shards as tf-keras's 'auto' picks them); all put back after.
+
+    tf-keras caches the exact shard function (`_shard_test_function`) and
+    leaves it in `test_function`: both are dropped, so a later evaluate with
+    `steps` gets its own function back, and a recompiled model's loss and
+    metrics are traced anew.
+    """
     model._pss_evaluation_shards = model._infer_exact_eval_shards(AUTO)  # pylint: disable=protected-access
+    model._shard_test_function = None  # pylint: disable=protected-access
+    setattr(model, _ACTIVE_ATTR, True)
     try:
         yield
     finally:
         model._pss_evaluation_shards = 0  # pylint: disable=protected-access
         model._eval_data_handler = None  # pylint: disable=protected-access
+        model._shard_test_function = None  # pylint: disable=protected-access
+        model.test_function = None
+        setattr(model, _ACTIVE_ATTR, False)
 
 
 def _python_numbers(logs):
@@ -144,6 +180,9 @@ def install() -> None:
         def evaluate(self, *args, **kwargs):
             bound = evaluate_signature.bind(self, *args, **kwargs).arguments
             cached = bound.get("kwargs", {}).get("_use_cached_eval_dataset", False)
+            if cached and getattr(self, _ACTIVE_ATTR, False):
+                # fit's validation: callbacks (CSVLogger, EarlyStopping) get numbers, not tensors.
+                return _python_numbers(original_evaluate(self, *args, **kwargs))
             if cached or not _applies(self, bound.get("steps")) or not _finite_input(bound.get("x")):
                 return original_evaluate(self, *args, **kwargs)
             _check_evaluable(self, bound.get("x"), "model.evaluate")
@@ -162,9 +201,7 @@ def install() -> None:
             _check_evaluable(self, x, "model.fit's validation")
             _build_metrics(self, x, validation[1] if isinstance(validation, tuple) else None, "model.fit's validation")
             with _exact(self):
-                history = original_fit(self, *args, **kwargs)
-            history.history = {key: _python_numbers(values) for key, values in history.history.items()}
-            return history
+                return original_fit(self, *args, **kwargs)
 
         for patched, original in ((evaluate, original_evaluate), (fit, original_fit)):
             patched.__doc__ = original.__doc__

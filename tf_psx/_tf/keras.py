@@ -44,6 +44,9 @@ def _route_tensorflow_keras_imports() -> None:
     if (tensorflow is None or "tensorflow.keras" in sys.modules
             or os.environ.get(LEGACY_KERAS_ENV) not in ("true", "True", "1")):
         return
+    loader = tensorflow.__dict__.get("keras")
+    if getattr(loader, "__dict__", {}).get("_tfll_keras_version") not in (None, "tf_keras"):
+        return  # tf.keras already resolved to Keras 3 before tf_psx: left as the user has it
     spec = importlib.util.find_spec("tf_keras")  # found, not imported
     if spec is None or spec.origin is None:
         return

@@ -19,6 +19,7 @@ under their first shard's name less "/part_0".
 
 from __future__ import annotations
 
+import inspect
 import threading
 
 import tensorflow as tf
@@ -37,14 +38,14 @@ def sharded_container(variable):
 
 
 def _containers_for_shards(weights: list) -> list:
-    """`weights` with each run of one sharded variable's shards replaced by that `ShardedVariable`."""
+    """`weights` with each run of one sharded variable's shards replaced by that `ShardedVariable` (named)."""
     out = []
     for weight in weights:
         container = sharded_container(weight)
         if container is None:
             out.append(weight)
-        elif not out or out[-1] is not container:
-            out.append(container)
+        elif not (out and isinstance(out[-1], _Named) and out[-1].variable is container):
+            out.append(_Named(container, _h5_name(container)))
     return out
 
 
@@ -66,14 +67,20 @@ def _install_h5() -> None:
 
 
 class _Named:
-    """A variable under another name, for h5 saving (which reads `name` and `numpy()`)."""
+    """A variable under another name, for h5 files (which name each dataset by `name`; all else passes through).
+
+    TF names every `ShardedVariable` "ShardedVariable", so two in one layer
+    (a sharded kernel and bias) or in one optimizer collided in the file.
+    """
 
     def __init__(self, variable, name: str):
-        self._variable = variable
+        self.variable = variable
         self.name = name
 
-    def numpy(self):
-        return self._variable.numpy()
+    def __getattr__(self, attribute):
+        if attribute == "variable":  # not set yet (a copy being made)
+            raise AttributeError(attribute)
+        return getattr(self.variable, attribute)
 
 
 class _OptimizerWeights:
@@ -89,11 +96,19 @@ def _h5_name(variable) -> str:
     return variable.name
 
 
+def _optimizer_variables(optimizer) -> list:
+    """The variables h5 saving reads: `variables` of a tf-keras optimizer, `weights()` of a legacy one."""
+    variables = getattr(optimizer, "variables", None)
+    if inspect.ismethod(variables):  # tf.keras.optimizers.legacy (a tf-keras optimizer's is a CallableList)
+        variables = getattr(optimizer, "weights", None)
+    return list(variables or [])
+
+
 def _install_h5_optimizer(hdf5_format) -> None:
     original = hdf5_format.save_optimizer_weights_to_hdf5_group
 
     def save_optimizer_weights_to_hdf5_group(hdf5_group, optimizer):
-        variables = list(getattr(optimizer, "variables", None) or [])
+        variables = _optimizer_variables(optimizer)
         if not any(isinstance(v, tf.__internal__.distribute.ShardedVariable) for v in variables):
             return original(hdf5_group, optimizer)
         return original(hdf5_group, _OptimizerWeights([_Named(v, _h5_name(v)) for v in variables]))
