@@ -35,6 +35,9 @@ import threading
 
 import tensorflow as tf
 
+from tensorflow.python.distribute import input_ops as _input_ops  # pylint: disable=no-name-in-module
+from tensorflow.python.types.distribute import DistributedDatasetInterface as _DistributedDataset  # pylint: disable=no-name-in-module
+
 from tf_psx._tf.keras import keras
 
 _install_lock = threading.Lock()
@@ -119,6 +122,23 @@ def _build_metrics(model, x, y, what: str) -> None:
     metrics.build(predicted, target)
 
 
+def _shard_by_data(dataset, num_shards, index, num_replicas_in_sync=None):  # pylint: disable=unused-argument
+    """Stands in for TF's `input_ops.auto_shard_dataset` while exact evaluation is traced: by data, never by file.
+
+    tf-keras's exact shard function cuts the dataset with it under TF's AUTO
+    policy (the dataset is the function's argument there, so options set on it
+    are lost). AUTO shards by file, and failed on the workers for a dataset of
+    fewer batches than shards ("Could not apply FILE based sharding: the
+    dataset only has 1 file(s), which is not enough for the required 10
+    shards/workers"), as for a file dataset of fewer files than shards.
+    `Dataset.shard` keeps every `num_shards`-th batch from `index` on: exact
+    for any dataset. Each shard reads the dataset through.
+    """
+    if isinstance(dataset, _DistributedDataset):
+        return dataset.auto_shard(num_shards, index)  # calls back here for each worker's dataset
+    return dataset.shard(num_shards, index)
+
+
 # Set on the model while tf_psx's exact evaluation is on (fit's validation reads it).
 _ACTIVE_ATTR = "_tf_psx_exact_evaluation"
 
@@ -135,9 +155,12 @@ def _exact(model):
     model._pss_evaluation_shards = model._infer_exact_eval_shards(AUTO)  # pylint: disable=protected-access
     model._shard_test_function = None  # pylint: disable=protected-access
     setattr(model, _ACTIVE_ATTR, True)
+    auto_shard = _input_ops.auto_shard_dataset  # the shard function is traced inside this block, dropped after
+    _input_ops.auto_shard_dataset = _shard_by_data
     try:
         yield
     finally:
+        _input_ops.auto_shard_dataset = auto_shard
         model._pss_evaluation_shards = 0  # pylint: disable=protected-access
         model._eval_data_handler = None  # pylint: disable=protected-access
         model._shard_test_function = None  # pylint: disable=protected-access
@@ -178,7 +201,8 @@ def install() -> None:
         fit_signature = inspect.signature(original_fit)
 
         def evaluate(self, *args, **kwargs):
-            bound = evaluate_signature.bind(self, *args, **kwargs).arguments
+            call = evaluate_signature.bind(self, *args, **kwargs)
+            bound = call.arguments
             cached = bound.get("kwargs", {}).get("_use_cached_eval_dataset", False)
             if cached and getattr(self, _ACTIVE_ATTR, False):
                 # fit's validation: callbacks (CSVLogger, EarlyStopping) get numbers, not tensors.
@@ -188,10 +212,11 @@ def install() -> None:
             _check_evaluable(self, bound.get("x"), "model.evaluate")
             _build_metrics(self, bound.get("x"), bound.get("y"), "model.evaluate")
             with _exact(self):
-                return _python_numbers(original_evaluate(self, *args, **kwargs))
+                return _python_numbers(original_evaluate(*call.args, **call.kwargs))
 
         def fit(self, *args, **kwargs):
-            bound = fit_signature.bind(self, *args, **kwargs).arguments
+            call = fit_signature.bind(self, *args, **kwargs)
+            bound = call.arguments
             validation = bound.get("validation_data")
             if validation is None or not _applies(self, bound.get("validation_steps")):
                 return original_fit(self, *args, **kwargs)
@@ -201,7 +226,7 @@ def install() -> None:
             _check_evaluable(self, x, "model.fit's validation")
             _build_metrics(self, x, validation[1] if isinstance(validation, tuple) else None, "model.fit's validation")
             with _exact(self):
-                return original_fit(self, *args, **kwargs)
+                return original_fit(*call.args, **call.kwargs)
 
         for patched, original in ((evaluate, original_evaluate), (fit, original_fit)):
             patched.__doc__ = original.__doc__
