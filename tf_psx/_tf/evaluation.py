@@ -37,6 +37,9 @@ import tensorflow as tf
 
 from tensorflow.python.distribute import input_ops as _input_ops  # pylint: disable=no-name-in-module
 from tensorflow.python.types.distribute import DistributedDatasetInterface as _DistributedDataset  # pylint: disable=no-name-in-module
+from tf_keras.src.engine import compile_utils as _compile_utils
+from tf_keras.src.metrics import base_metric as _base_metric
+from tf_keras.src.utils import losses_utils as _losses_utils
 
 from tf_psx._tf.keras import keras
 
@@ -139,6 +142,114 @@ def _shard_by_data(dataset, num_shards, index, num_replicas_in_sync=None):  # py
     return dataset.shard(num_shards, index)
 
 
+def _local_losses(model):
+    """Stands in for `LossesContainer.from_config` in the shard function: a fresh container of the model's own losses.
+
+    tf-keras rebuilt the worker's loss from `compiled_loss.get_config()`,
+    which keeps neither a loss function it cannot look up by name (a lambda,
+    a function of the user's: "Unknown loss function: '<lambda>'" on the
+    worker) nor `loss_weights` and the output names (a weighted multi-output
+    loss came out unweighted). The copy takes the objects given to `compile`,
+    with a new total-loss mean, local to the worker like tf-keras's.
+
+    It is built here, inside the shard function's local-variables scope:
+    tf-keras built it on its first call, outside, so for a model with several
+    outputs the per-output means ("click_loss") became variables of the first
+    trace, and the next shard's retrace failed with "tf.function only supports
+    singleton tf.Variables created on the first call".
+    """
+    compiled = model.compiled_loss
+    outputs = getattr(model, "_nested_outputs", None)
+    predicted = None if outputs is None else tf.nest.map_structure(_example_of, outputs)
+
+    @tf.autograph.experimental.do_not_convert
+    def from_config(_config):
+        losses = _compile_utils.LossesContainer(
+            compiled._user_losses, loss_weights=compiled._user_loss_weights,  # pylint: disable=protected-access
+            output_names=compiled._output_names,  # pylint: disable=protected-access
+            total_loss_mean=_base_metric.Mean(name=compiled._total_loss_mean.name))  # pylint: disable=protected-access
+        if predicted is not None and all(p is not None for p in tf.nest.flatten(predicted)):
+            losses.build(predicted)  # only the structure is read
+        return losses
+
+    return from_config
+
+
+class _OneOutput:
+    """A metric as tf-keras's `MetricsContainer` calls it: with its own output, its rank and dtype matched.
+
+    tf-keras's exact shard function called every metric with the whole `y`
+    and `y_pred`: models with several outputs failed ("Expected any
+    non-tensor type, but got a tensor instead"), and labels of shape [batch]
+    against predictions of [batch, 1] were not expanded as in `fit` and a
+    local `evaluate`, so a metric function's mean over the last axis became
+    one number per batch (off from a local evaluate when the last batch is
+    short). The shard function reads only `update_state`, `name` and
+    `weights`.
+    """
+
+    def __init__(self, metric, index: int):
+        self._metric = metric
+        self._index = index
+        self.name = metric.name
+
+    @property
+    def weights(self):
+        return self._metric.weights
+
+    def _pick(self, values):
+        return None if values is None else tf.nest.flatten(values)[self._index]
+
+    @tf.autograph.experimental.do_not_convert
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        if sample_weight is not None and len(tf.nest.flatten(sample_weight)) > 1:
+            sample_weight = self._pick(sample_weight)
+        y_true, y_pred, sample_weight = _compile_utils.match_dtype_and_rank(
+            self._pick(y_true), self._pick(y_pred), sample_weight)
+        sample_weight = _losses_utils.apply_mask(y_pred, sample_weight, _losses_utils.get_mask(y_pred))
+        return self._metric.update_state(y_true, y_pred, sample_weight=sample_weight)
+
+
+def _output_index(model) -> dict:
+    """id(compiled metric) -> the index of its output (0 for a model with one)."""
+    metrics = model.compiled_metrics
+    count = len(metrics._metrics)  # pylint: disable=protected-access
+    per_output = list(metrics._metrics) + list(metrics._weighted_metrics)  # pylint: disable=protected-access
+    return {id(metric): index % count for index, objects in enumerate(per_output)
+            for metric in tf.nest.flatten(objects) if metric is not None}
+
+
+def _clone_metric(clone, model):
+    """tf-keras's `clone_metric` for the shard function, which also copies the user's metric functions.
+
+    A `MeanMetricWrapper` of a function tf-keras cannot look up by name
+    (`metrics=[my_metric]`) failed to clone from its config on the worker.
+    Each compiled metric is called as `_OneOutput` says.
+    """
+    outputs = _output_index(model)
+
+    @tf.autograph.experimental.do_not_convert  # called in the traced shard function; as tf-keras's own code
+    def clone_metric(metric):
+        if type(metric) is _base_metric.MeanMetricWrapper:  # pylint: disable=unidiomatic-typecheck
+            copy = _base_metric.MeanMetricWrapper(metric._fn, name=metric.name, dtype=metric.dtype,  # pylint: disable=protected-access
+                                                  **metric._fn_kwargs)  # pylint: disable=protected-access
+        else:
+            copy = clone(metric)
+        return _OneOutput(copy, outputs[id(metric)]) if id(metric) in outputs else copy
+
+    return clone_metric
+
+
+@contextlib.contextmanager
+def _swapped(owner, name: str, value):
+    saved = vars(owner)[name]  # a class's own classmethod object, not one bound to it
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, saved)
+
+
 # Set on the model while tf_psx's exact evaluation is on (fit's validation reads it).
 _ACTIVE_ATTR = "_tf_psx_exact_evaluation"
 
@@ -155,17 +266,19 @@ def _exact(model):
     model._pss_evaluation_shards = model._infer_exact_eval_shards(AUTO)  # pylint: disable=protected-access
     model._shard_test_function = None  # pylint: disable=protected-access
     setattr(model, _ACTIVE_ATTR, True)
-    auto_shard = _input_ops.auto_shard_dataset  # the shard function is traced inside this block, dropped after
-    _input_ops.auto_shard_dataset = _shard_by_data
-    try:
-        yield
-    finally:
-        _input_ops.auto_shard_dataset = auto_shard
-        model._pss_evaluation_shards = 0  # pylint: disable=protected-access
-        model._eval_data_handler = None  # pylint: disable=protected-access
-        model._shard_test_function = None  # pylint: disable=protected-access
-        model.test_function = None
-        setattr(model, _ACTIVE_ATTR, False)
+    # The shard function is traced inside this block, and dropped at its end.
+    with contextlib.ExitStack() as swaps:
+        swaps.enter_context(_swapped(_input_ops, "auto_shard_dataset", _shard_by_data))
+        swaps.enter_context(_swapped(_compile_utils.LossesContainer, "from_config", _local_losses(model)))
+        swaps.enter_context(_swapped(_base_metric, "clone_metric", _clone_metric(_base_metric.clone_metric, model)))
+        try:
+            yield
+        finally:
+            model._pss_evaluation_shards = 0  # pylint: disable=protected-access
+            model._eval_data_handler = None  # pylint: disable=protected-access
+            model._shard_test_function = None  # pylint: disable=protected-access
+            model.test_function = None
+            setattr(model, _ACTIVE_ATTR, False)
 
 
 def _python_numbers(logs):

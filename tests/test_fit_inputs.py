@@ -1,0 +1,169 @@
+"""model.fit of arrays or of a finite dataset with no steps_per_epoch, and evaluate of arrays, under ParameterServerStrategy.
+
+TF alone: fit(x_array, y_array) fails with tf-keras's "When using a
+DatasetCreator, steps_per_epoch ... must be provided", and fit(finite
+dataset) fails once a worker's copy runs out (CancelledError, End of
+sequence). The counting model: one row per example id, loss = the row,
+weighted by the label's class weight, SGD at lr = batch size, so every read
+of an example moves its row by exactly -weight (tests/scripts/fit_parts.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_psx
+
+from conftest import run_script
+from scripts import fit_parts
+
+ROWS = 72  # 9 batches of 8
+BATCH = fit_parts.BATCH
+EPOCHS = 2
+CLASS_WEIGHT = fit_parts.CLASS_WEIGHT
+
+
+def _ids_labels(rows: int = ROWS):
+    ids = np.arange(rows, dtype=np.int64)
+    return ids, fit_parts.labels_of(ids)
+
+
+def _weights(labels):
+    return np.vectorize(CLASS_WEIGHT.get)(labels)
+
+
+def _table(model):
+    return tf_psx.unsharded_weights(model)[0][:, 0]
+
+
+def test_fit_of_arrays_without_steps_reads_each_example_once_per_epoch(ps_strategy):
+    ids, labels = _ids_labels()
+    remote = fit_parts.build(ps_strategy, ROWS)
+    history = remote.fit(ids, labels, batch_size=BATCH, epochs=EPOCHS, class_weight=CLASS_WEIGHT, verbose=0)
+    assert len(history.history["loss"]) == EPOCHS
+    assert int(remote.optimizer.iterations.numpy()) == EPOCHS * math.ceil(ROWS / BATCH)
+    # One worker reads its part (everything) once per epoch: row = -EPOCHS * class weight, exactly.
+    np.testing.assert_array_equal(_table(remote), -EPOCHS * _weights(labels))
+    # The same fit without a strategy ends at the same table (the loss is linear: order does not matter).
+    local = fit_parts.build(tf.distribute.get_strategy(), ROWS)
+    local.fit(ids, labels, batch_size=BATCH, epochs=EPOCHS, class_weight=CLASS_WEIGHT, verbose=0)
+    np.testing.assert_array_equal(_table(remote), local.get_weights()[0][:, 0])
+
+
+def test_fit_of_a_finite_dataset_without_steps_runs_one_pass_per_epoch(ps_strategy):
+    ids, labels = _ids_labels(ROWS + 3)  # a short last batch: ids 72-74
+    dataset = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH)
+    remote = fit_parts.build(ps_strategy, ROWS + 3)
+    history = remote.fit(dataset, epochs=EPOCHS, verbose=0)
+    assert len(history.history["loss"]) == EPOCHS
+    assert int(remote.optimizer.iterations.numpy()) == EPOCHS * int(dataset.cardinality())
+    # The short batch's loss is its mean too: its rows move by BATCH / 3 per read.
+    want = -float(EPOCHS) * np.where(ids >= ROWS, BATCH / 3, 1.0)
+    np.testing.assert_allclose(_table(remote), want, rtol=1e-6)
+
+
+def test_validation_split_and_array_validation_are_evaluated_exactly(ps_strategy):
+    ids, labels = _ids_labels(80)
+    remote = fit_parts.build(ps_strategy, 80)
+    history = remote.fit(ids, labels, batch_size=BATCH, epochs=EPOCHS, validation_split=0.5, verbose=0)
+    split = 40  # 5 full batches: every row moves by 1 per read
+    # Trained on the first half only (as without a strategy), each read once per epoch.
+    np.testing.assert_array_equal(_table(remote), np.where(ids < split, -float(EPOCHS), 0.0))
+    assert history.history["val_loss"] == [0.0, 0.0]  # the held-out rows were never trained
+    history = remote.fit(ids[:split], labels[:split], batch_size=BATCH, epochs=1, verbose=0,
+                         validation_data=(ids[:16], labels[:16]))
+    # After three reads the first 16 rows are -3: the mean of the loss over them.
+    assert history.history["val_loss"] == [pytest.approx(-3.0)]
+
+
+def test_evaluate_of_arrays_without_steps_equals_one_process(ps_strategy):
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 40, size=(150, 2)).astype(np.int64)  # 9 batches of 16 and one of 6
+    labels = (rng.random(150) < 0.4).astype(np.float32)
+    with ps_strategy.scope():
+        remote = _classifier()
+    remote.set_weights([rng.normal(size=w.shape).astype(np.float32) for w in tf_psx.unsharded_weights(remote)])
+    local = _classifier()
+    local.set_weights(tf_psx.unsharded_weights(remote))
+    got = remote.evaluate(ids, labels, batch_size=16, verbose=0, return_dict=True)
+    want = local.evaluate(ids, labels, batch_size=16, verbose=0, return_dict=True)
+    assert set(got) == {"loss", "auc"} and all(isinstance(v, float) for v in got.values()), got
+    for key in want:
+        assert got[key] == pytest.approx(want[key], abs=1e-5), (key, got, want)
+
+
+def _classifier():
+    inputs = tf.keras.Input((2,), dtype=tf.int64)
+    vectors = tf_psx.layers.ShardedEmbedding(40, 4)(inputs)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, activation="sigmoid")(tf.keras.layers.Flatten()(vectors)))
+    model.compile(tf.keras.optimizers.Adagrad(0.1), "binary_crossentropy", metrics=[tf.keras.metrics.AUC(name="auc")])
+    return model
+
+
+def test_class_weight_is_applied_to_a_dataset_creator(ps_strategy):
+    # tf-keras drops class_weight under a coordinator: both rows would move by 1 per step.
+    ids = np.array([0, 1], dtype=np.int64)
+    labels = np.array([1.0, 0.0], dtype=np.float32)
+    creator = tf.keras.utils.experimental.DatasetCreator(
+        lambda _ctx: tf.data.Dataset.from_tensor_slices((ids, labels)).batch(2).repeat())
+    remote = fit_parts.build(ps_strategy, 2)
+    # lr = BATCH, batch 2: a read moves a row by BATCH / 2 * weight.
+    remote.fit(creator, epochs=1, steps_per_epoch=4, class_weight={0: 1.0, 1: 3.0}, verbose=0)
+    np.testing.assert_array_equal(_table(remote), [-4 * 3.0 * BATCH / 2, -4 * 1.0 * BATCH / 2])
+
+
+@pytest.mark.parametrize("dataset, match", [
+    (tf.data.Dataset.range(4).map(lambda i: (i, tf.cast(i, tf.float32))).batch(2).repeat(),
+     r"got an infinite dataset and no steps_per_epoch: its first epoch would never end\. "
+     r"Received: steps_per_epoch=None\. Fix: pass steps_per_epoch=N"),
+    (tf.data.Dataset.range(4).filter(lambda i: i < 3).map(lambda i: (i, tf.cast(i, tf.float32))).batch(2),
+     r"TF cannot tell it .*Received: steps_per_epoch=None\. Fix: pass steps_per_epoch=N, or state the size with "
+     r"dataset\.apply\(tf\.data\.experimental\.assert_cardinality\(N\)\)"),
+    (tf.data.Dataset.range(0).map(lambda i: (i, tf.cast(i, tf.float32))).batch(2),
+     r"got an empty dataset \(0 batches\)\. Fix: pass a dataset with at least one batch"),
+], ids=["infinite", "unknown-size", "empty"])
+def test_a_dataset_fit_cannot_count_is_refused_with_the_fix(ps_strategy, dataset, match):
+    remote = fit_parts.build(ps_strategy, 4)
+    with pytest.raises(ValueError, match=match):
+        remote.fit(dataset, epochs=1, verbose=0)
+    # With steps_per_epoch the infinite one trains, as TF documents.
+    if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
+        remote.fit(dataset, epochs=1, steps_per_epoch=2, verbose=0)
+        assert int(remote.optimizer.iterations.numpy()) == 2
+
+
+def test_two_workers_read_disjoint_parts_and_every_step_once():
+    result = run_script("fit_parts.py", "--workers", "2", "--epochs", "3")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    runs = {r["input"]: r for r in (json.loads(line[len("RESULT "):])
+                                    for line in result.stdout.splitlines() if line.startswith("RESULT "))}
+    assert set(runs) == {"arrays", "dataset"}
+    for run in runs.values():
+        workers, batch, epochs = run["workers"], run["batch"], run["epochs"]
+        reads = np.array(run["reads"])
+        rows = len(reads)
+        steps_per_epoch = rows // batch
+        assert epochs == 3 and run["steps"] == epochs * steps_per_epoch, run
+        np.testing.assert_array_equal(reads, np.round(reads))  # whole reads: no step applied in part
+        # Every step read one batch, once: the reads add up to the examples of all epochs.
+        assert reads.sum() == epochs * rows, run
+        if run["input"] == "arrays":
+            # Worker w's part is the examples w, w + W, ..., reshuffled each pass: within a part the reads
+            # differ by at most one (a pass in progress), and the extra reads come in whole batches.
+            for w in range(workers):
+                part = reads[w::workers]
+                assert part.max() - part.min() <= 1, (w, part)
+                assert (part == part.max()).sum() % batch == 0 or part.max() == part.min(), (w, part)
+        else:
+            # Worker w's part is the batches w, w + W, ..., read in order: each batch's rows were read
+            # alike, and the reads fall by at most one along the part.
+            per_batch = reads.reshape(-1, batch)
+            assert (per_batch == per_batch[:, :1]).all(), per_batch
+            for w in range(workers):
+                part = per_batch[w::workers, 0]
+                assert (np.diff(part) <= 0).all() and part[0] - part[-1] <= 1, (w, part)
