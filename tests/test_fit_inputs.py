@@ -167,3 +167,30 @@ def test_two_workers_read_disjoint_parts_and_every_step_once():
             for w in range(workers):
                 part = per_batch[w::workers, 0]
                 assert (np.diff(part) <= 0).all() and part[0] - part[-1] <= 1, (w, part)
+
+
+def test_train_test_and_predict_on_batch_equal_one_process(ps_strategy):
+    # TF alone: "To use this dataset, you need to pass this dataset to ClusterCoordinator.create_per_worker_dataset".
+    rng = np.random.default_rng(11)
+    with ps_strategy.scope():
+        remote = _classifier()  # a fresh model: no fit has made its coordinator
+    local = _classifier()
+    local.set_weights(tf_psx.unsharded_weights(remote))
+    for step in range(3):
+        ids = rng.integers(0, 40, size=(16, 2)).astype(np.int64)
+        labels = (rng.random(16) < 0.5).astype(np.float32)
+        got = remote.train_on_batch(ids, labels, class_weight={0: 1.0, 1: 2.0}, return_dict=True)
+        want = local.train_on_batch(ids, labels, class_weight={0: 1.0, 1: 2.0}, return_dict=True)
+        assert got == pytest.approx(want, abs=1e-5), (step, got, want)
+    assert int(remote.optimizer.iterations.numpy()) == 3
+    assert remote._cluster_coordinator is not None  # pylint: disable=protected-access  (the steps ran on a worker)
+    for got_w, want_w in zip(tf_psx.unsharded_weights(remote), local.get_weights()):
+        np.testing.assert_allclose(got_w, want_w, atol=1e-6)
+    ids = rng.integers(0, 40, size=(16, 2)).astype(np.int64)
+    labels = (rng.random(16) < 0.5).astype(np.float32)
+    assert remote.test_on_batch(ids, labels) == pytest.approx(local.test_on_batch(ids, labels), abs=1e-5)
+    np.testing.assert_allclose(remote.predict_on_batch(ids), local.predict_on_batch(ids), atol=1e-6)
+    assert int(remote.optimizer.iterations.numpy()) == 3  # test and predict applied nothing
+    # fit afterwards still runs on the workers.
+    remote.fit(ids, labels, batch_size=8, epochs=1, verbose=0)
+    assert int(remote.optimizer.iterations.numpy()) == 5

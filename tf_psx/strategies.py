@@ -231,6 +231,9 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
     (and `fit`'s `validation_data`) uses tf-keras's exact evaluation, every
     element once, unless `compile(pss_evaluation_shards=...)` chose
     otherwise; TF alone fails with `CancelledError` (tf_psx._tf.evaluation).
+    `model.fit` of arrays, or of a finite dataset with no `steps_per_epoch`,
+    runs one pass of the data per epoch, each worker reading its own part;
+    TF alone fails on both (tf_psx._tf.fit_inputs).
 
     Attributes:
       exact_updates: as passed.

@@ -1,4 +1,4 @@
-"""`model.fit` of arrays or of a finite dataset with no `steps_per_epoch` under ParameterServerStrategy (tf-keras 2.16).
+"""`model.fit` of arrays or of a finite dataset with no `steps_per_epoch`, and `*_on_batch`, under ParameterServerStrategy (tf-keras 2.16).
 
 Under a ClusterCoordinator every worker reads its own copy of fit's input,
 and an epoch is `steps_per_epoch` steps, which TF asks for:
@@ -23,6 +23,10 @@ strategy:
 - `class_weight`, which tf-keras drops without a word under a coordinator
   (`_ClusterCoordinatorDataHandler` never applies it), is applied to the
   batches of every input: arrays, datasets and `DatasetCreator`s.
+
+`train_on_batch`, `test_on_batch` and `predict_on_batch` failed under a
+coordinator too; here the first two run their step on a worker, and
+`predict_on_batch` runs on the coordinator, as tf-keras's `predict` does.
 
 Known limitations:
 - Steps go to whichever worker is free. When workers do not keep pace, one
@@ -218,6 +222,56 @@ def _fit_arguments(model, arguments: dict) -> dict:
     return changed
 
 
+def _per_worker_single_batch(coordinator):
+    """tf-keras's `single_batch_iterator`, made for a coordinator: every worker can read the one batch.
+
+    tf-keras distributed the batch with `experimental_distribute_dataset`,
+    which ParameterServerStrategy refuses ("To use this dataset, you need to
+    pass this dataset to ClusterCoordinator.create_per_worker_dataset"), so
+    `train_on_batch` and `test_on_batch` failed. The step runs on whichever
+    worker is free; the other workers' copies are never read and go with
+    the iterator.
+    """
+    def single_batch_iterator(strategy, x, y=None, sample_weight=None, class_weight=None):  # pylint: disable=unused-argument
+        arrays = data_adapter._process_tensorlike((x, y, sample_weight))  # pylint: disable=protected-access
+        data = (arrays[0],) if arrays[1] is None else (arrays[:2] if arrays[2] is None else arrays)
+        data_adapter._check_data_cardinality(data)  # pylint: disable=protected-access
+        dataset = _class_weighted(tf.data.Dataset.from_tensors(data), class_weight)
+        return iter(coordinator.create_per_worker_dataset(dataset))
+
+    return single_batch_iterator
+
+
+def _on_batch(original, coordinated: bool):
+    """`train_on_batch` / `test_on_batch` (coordinated) or `predict_on_batch` for a model under a coordinator."""
+    def on_batch(self, *args, **kwargs):
+        if not _with_coordinator(self):
+            return original(self, *args, **kwargs)
+        if not coordinated:
+            # As tf-keras's `predict`: the prediction runs on the coordinator, with the strategy set aside.
+            strategy, coordinator = self._distribution_strategy, self._cluster_coordinator  # pylint: disable=protected-access
+            self._distribution_strategy, self._cluster_coordinator = None, None  # pylint: disable=protected-access
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                self._distribution_strategy, self._cluster_coordinator = strategy, coordinator  # pylint: disable=protected-access
+        if self._cluster_coordinator is None:  # pylint: disable=protected-access
+            # tf-keras makes it in fit and evaluate only; without it the step ran on the coordinator.
+            self._cluster_coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(  # pylint: disable=protected-access
+                self.distribute_strategy)
+        saved = data_adapter.single_batch_iterator
+        data_adapter.single_batch_iterator = _per_worker_single_batch(self._cluster_coordinator)  # pylint: disable=protected-access
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            data_adapter.single_batch_iterator = saved
+
+    on_batch.__doc__ = original.__doc__
+    on_batch.__wrapped__ = original
+    on_batch.__signature__ = inspect.signature(original)
+    return on_batch
+
+
 def _configure_parts(original):
     def configure(self, strategy, x, steps_per_epoch, class_weight, distribute):
         if not isinstance(x, _Parts):
@@ -230,7 +284,7 @@ def _configure_parts(original):
 
 
 def install() -> None:
-    """Wraps tf-keras `Model.fit` and `Model.evaluate` (outside tf_psx._tf.evaluation's wrappers; once)."""
+    """Wraps tf-keras `Model.fit`, `evaluate` (outside tf_psx._tf.evaluation's wrappers) and `*_on_batch` (once)."""
     global _INSTALLED  # pylint: disable=global-statement
     with _install_lock:
         if _INSTALLED:
@@ -267,6 +321,9 @@ def install() -> None:
             patched.__signature__ = inspect.signature(original)
         model_class.fit = fit
         model_class.evaluate = evaluate
+        model_class.train_on_batch = _on_batch(model_class.train_on_batch, coordinated=True)
+        model_class.test_on_batch = _on_batch(model_class.test_on_batch, coordinated=True)
+        model_class.predict_on_batch = _on_batch(model_class.predict_on_batch, coordinated=False)
         handler = data_adapter._ClusterCoordinatorDataHandler  # pylint: disable=protected-access
         handler._configure_dataset_and_inferred_steps = _configure_parts(  # pylint: disable=protected-access
             handler._configure_dataset_and_inferred_steps)  # pylint: disable=protected-access
