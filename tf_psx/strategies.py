@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from tf_psx import _checks, partitioners as _partitioners, weights as _weights
 from tf_psx._tf import evaluation as _evaluation, exact_updates as _exact_updates, fit_inputs as _fit_inputs, keras as _tf_keras, runtime as _runtime
-from tf_psx._tf import sync as _sync, tfra as _tfra
+from tf_psx._tf import lookup_tables as _lookup_tables, sync as _sync, tfra as _tfra
 from tf_psx._tf import weights as _weights_hook
 from tf_psx.cluster import ClusterConfig
 from tf_psx.errors import ClusterUnreachableError, Keras3Error, LocalResourcesError, TFConfigError
@@ -306,6 +306,8 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         _evaluation.install()
         # fit of arrays or of a finite dataset with no steps_per_epoch (tf_psx._tf.fit_inputs); after evaluation's.
         _fit_inputs.install()
+        # Lookup layers in exact evaluation's loop (tf_psx._tf.lookup_tables).
+        _lookup_tables.install()
         self.sync_controller = None
         if sync is not False:
             _sync.install()

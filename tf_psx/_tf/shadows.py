@@ -17,7 +17,7 @@ _PER_WORKER_SHARED_NAME_PREFIX = "tf_psx_per_worker/"
 _PER_WORKER_CLASSES: dict[type, type] = {}
 
 
-def _outermost_func_graph(graph):
+def outermost_func_graph(graph):
     """The tf.function graph that `graph` is nested in (itself when not nested)."""
     from tensorflow.python.framework import func_graph  # pylint: disable=import-outside-toplevel
 
@@ -68,7 +68,7 @@ class _PerWorkerHandle:
             remote = per_worker._values[dispatch.worker_index]  # pylint: disable=protected-access
             return dispatch.maybe_get_remote_value(remote)
 
-        graph = _outermost_func_graph(tf.compat.v1.get_default_graph())
+        graph = outermost_func_graph(tf.compat.v1.get_default_graph())
         with graph.as_default():
             return graph.capture_call_time_value(
                 closure, ps_values.PerWorkerVariableSpec(value=eager_handle), key=("tf_psx_per_worker", id(self))
