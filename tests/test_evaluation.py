@@ -203,3 +203,26 @@ def test_a_dataset_of_fewer_batches_than_shards_is_evaluated(ps_strategy):
     want = _same_weights(remote).evaluate(small, verbose=0, return_dict=True)
     for key in want:
         assert got[key] == pytest.approx(want[key], abs=1e-5), (key, got, want)
+
+
+def test_metrics_named_in_compile_are_built_under_the_strategy(ps_strategy):
+    # "AUC" is built by tf_psx before the first step. Outside the strategy's scope it got 4 plain variables,
+    # while its copies in the shard function got the partitioner's 2 shards each: "Expected 4 variables in
+    # result for metric auc, but found 8".
+    def build(strategy=None):
+        scope = strategy.scope() if strategy is not None else tf.distribute.get_strategy().scope()
+        with scope:
+            model = _model()
+            model.compile(tf.keras.optimizers.Adagrad(0.1), "binary_crossentropy", metrics=["AUC"])
+        return model
+
+    remote = build(ps_strategy)
+    ids, labels = _data()
+    dataset = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH)
+    got = remote.evaluate(dataset, verbose=0, return_dict=True)
+    local = build()
+    local.set_weights(tf_psx.unsharded_weights(remote))
+    want = local.evaluate(dataset, verbose=0, return_dict=True)
+    assert set(got) == set(want) and len(got) == 2, (got, want)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], abs=1e-5), (key, got, want)

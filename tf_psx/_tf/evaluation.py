@@ -120,9 +120,13 @@ def _build_metrics(model, x, y, what: str) -> None:
         # Metric names such as "accuracy" are resolved from these shapes: no guessing.
         raise _refuse(what, "needs the metrics built, and tf-keras builds them on the first step of "
                             f"{type(model).__qualname__} (its output or target shapes are not known before)")
-    if model.compiled_loss is not None and not model.compiled_loss.built:
-        model.compiled_loss.build(predicted)  # its mean ("loss") is one of model.metrics once built
-    metrics.build(predicted, target)
+    # Under the strategy's scope, as tf-keras builds them in a step: outside it a metric named in compile
+    # ("AUC") got plain variables, and its copies in the shard function got the partitioner's shards
+    # ("Expected 4 variables in result for metric auc, but found 8").
+    with model.distribute_strategy.scope():
+        if model.compiled_loss is not None and not model.compiled_loss.built:
+            model.compiled_loss.build(predicted)  # its mean ("loss") is one of model.metrics once built
+        metrics.build(predicted, target)
 
 
 def _shard_by_data(dataset, num_shards, index, num_replicas_in_sync=None):  # pylint: disable=unused-argument
