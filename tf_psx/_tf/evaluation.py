@@ -41,7 +41,7 @@ from tf_keras.src.engine import compile_utils as _compile_utils
 from tf_keras.src.metrics import base_metric as _base_metric
 from tf_keras.src.utils import losses_utils as _losses_utils
 
-from tf_psx._tf.keras import keras
+from tf_psx._tf.keras import keras, wrapped_like
 
 _install_lock = threading.Lock()
 _INSTALLED = False
@@ -345,10 +345,6 @@ def install() -> None:
             with _exact(self):
                 return original_fit(*call.args, **call.kwargs)
 
-        for patched, original in ((evaluate, original_evaluate), (fit, original_fit)):
-            patched.__doc__ = original.__doc__
-            patched.__wrapped__ = original
-            patched.__signature__ = inspect.signature(original)
-        model_class.evaluate = evaluate
-        model_class.fit = fit
+        model_class.evaluate = wrapped_like(evaluate, original_evaluate)
+        model_class.fit = wrapped_like(fit, original_fit)
         _INSTALLED = True

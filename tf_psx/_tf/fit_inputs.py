@@ -52,7 +52,7 @@ from tensorflow.python.distribute import input_lib  # pylint: disable=no-name-in
 from tensorflow.python.distribute.coordinator import values as coordinator_values  # pylint: disable=no-name-in-module
 from tf_keras.src.engine import data_adapter
 
-from tf_psx._tf.keras import keras
+from tf_psx._tf.keras import keras, wrapped_like
 
 _install_lock = threading.Lock()
 _INSTALLED = False
@@ -266,10 +266,7 @@ def _on_batch(original, coordinated: bool):
         finally:
             data_adapter.single_batch_iterator = saved
 
-    on_batch.__doc__ = original.__doc__
-    on_batch.__wrapped__ = original
-    on_batch.__signature__ = inspect.signature(original)
-    return on_batch
+    return wrapped_like(on_batch, original)
 
 
 def _configure_parts(original):
@@ -281,6 +278,13 @@ def _configure_parts(original):
         return None
 
     return configure
+
+
+def _named(signature, model, args, kwargs) -> tuple[dict, dict]:
+    """A call's arguments by name (without `self`), and its extra `**kwargs` (tf-keras's private ones)."""
+    arguments = dict(signature.bind(model, *args, **kwargs).arguments)
+    arguments.pop("self")
+    return arguments, arguments.pop("kwargs", {})
 
 
 def install() -> None:
@@ -296,31 +300,21 @@ def install() -> None:
         def fit(self, *args, **kwargs):
             if not _with_coordinator(self):
                 return original_fit(self, *args, **kwargs)
-            bound = fit_signature.bind(self, *args, **kwargs)
-            arguments = dict(bound.arguments)
-            extra = arguments.pop("kwargs", {})
-            arguments.pop("self")
+            arguments, extra = _named(fit_signature, self, args, kwargs)
             return original_fit(self, **_fit_arguments(self, arguments), **extra)
 
         def evaluate(self, *args, **kwargs):
             if not _with_coordinator(self):
                 return original_evaluate(self, *args, **kwargs)
-            bound = evaluate_signature.bind(self, *args, **kwargs)
-            arguments = dict(bound.arguments)
-            extra = arguments.pop("kwargs", {})
-            arguments.pop("self")
+            arguments, extra = _named(evaluate_signature, self, args, kwargs)
             if arguments.get("steps") is None and _is_arrays(arguments.get("x"), arguments.get("y")):
                 arguments["x"] = _batched(arguments.get("x"), arguments.get("y"), arguments.get("sample_weight"),
                                           arguments.get("batch_size"))
                 arguments.update(y=None, sample_weight=None, batch_size=None)
             return original_evaluate(self, **arguments, **extra)
 
-        for patched, original in ((fit, original_fit), (evaluate, original_evaluate)):
-            patched.__doc__ = original.__doc__
-            patched.__wrapped__ = original
-            patched.__signature__ = inspect.signature(original)
-        model_class.fit = fit
-        model_class.evaluate = evaluate
+        model_class.fit = wrapped_like(fit, original_fit)
+        model_class.evaluate = wrapped_like(evaluate, original_evaluate)
         model_class.train_on_batch = _on_batch(model_class.train_on_batch, coordinated=True)
         model_class.test_on_batch = _on_batch(model_class.test_on_batch, coordinated=True)
         model_class.predict_on_batch = _on_batch(model_class.predict_on_batch, coordinated=False)

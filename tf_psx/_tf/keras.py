@@ -122,3 +122,11 @@ def keras3_caller() -> str | None:
     finally:
         del frame
     return None
+
+
+def wrapped_like(patched, original):
+    """Gives a wrapper of a tf-keras method the method's doc, signature and `__wrapped__`; returns it."""
+    patched.__doc__ = original.__doc__
+    patched.__wrapped__ = original
+    patched.__signature__ = inspect.signature(original)
+    return patched
