@@ -35,6 +35,19 @@ def _compiled(strategy=None):
     return model
 
 
+def _evaluates_like_one_process(remote, local, dataset, rel=None) -> dict:
+    """Random weights in `remote`, copied to the one-process `local`; both evaluate `dataset` alike (1e-5, or `rel`)."""
+    rng = np.random.default_rng(3)
+    remote.set_weights([rng.normal(size=w.shape).astype(np.float32) for w in tf_psx.unsharded_weights(remote)])
+    local.set_weights(tf_psx.unsharded_weights(remote))
+    got = remote.evaluate(dataset, verbose=0, return_dict=True)
+    want = local.evaluate(dataset, verbose=0, return_dict=True)
+    assert set(got) == set(want) and all(isinstance(v, float) for v in got.values()), (got, want)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=rel, abs=1e-5), (key, got, want)
+    return want
+
+
 def _same_weights(remote):
     local = _compiled()
     local.set_weights(tf_psx.unsharded_weights(remote))
@@ -44,15 +57,10 @@ def _same_weights(remote):
 def test_evaluate_of_a_finite_dataset_equals_one_process(ps_strategy):
     # tf-keras alone: CancelledError "The corresponding function is cancelled".
     remote = _compiled(ps_strategy)
-    rng = np.random.default_rng(3)
-    remote.set_weights([rng.normal(size=w.shape).astype(np.float32) for w in tf_psx.unsharded_weights(remote)])
     ids, labels = _data()
     dataset = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH)
-    got = remote.evaluate(dataset, verbose=0, return_dict=True)
-    want = _same_weights(remote).evaluate(dataset, verbose=0, return_dict=True)
-    assert set(got) == {"loss", "acc", "auc"} and all(isinstance(v, float) for v in got.values()), got
-    for key in want:
-        assert got[key] == pytest.approx(want[key], abs=1e-5), (key, got, want)
+    want = _evaluates_like_one_process(remote, _compiled(), dataset)
+    assert set(want) == {"loss", "acc", "auc"}, want
     # The list form.
     listed = remote.evaluate(dataset, verbose=0)
     assert listed == pytest.approx([want["loss"], want["acc"], want["auc"]], abs=1e-5)
@@ -178,19 +186,10 @@ def _two_outputs(strategy=None):
 
 
 def test_a_weighted_multi_output_model_with_own_functions_evaluates_like_one_process(ps_strategy):
-    remote = _two_outputs(ps_strategy)
-    rng = np.random.default_rng(7)
-    remote.set_weights([rng.normal(size=w.shape).astype(np.float32) for w in tf_psx.unsharded_weights(remote)])
     ids, labels = _data()
-    targets = {"click": labels, "value": rng.normal(size=ROWS).astype(np.float32)}
+    targets = {"click": labels, "value": np.random.default_rng(7).normal(size=ROWS).astype(np.float32)}
     dataset = tf.data.Dataset.from_tensor_slices((ids, targets)).batch(BATCH)
-    local = _two_outputs()
-    local.set_weights(tf_psx.unsharded_weights(remote))
-    got = remote.evaluate(dataset, verbose=0, return_dict=True)
-    want = local.evaluate(dataset, verbose=0, return_dict=True)
-    assert set(got) == set(want), (got, want)
-    for key in want:
-        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-5), (key, got, want)
+    _evaluates_like_one_process(_two_outputs(ps_strategy), _two_outputs(), dataset, rel=1e-5)
 
 
 def test_a_dataset_of_fewer_batches_than_shards_is_evaluated(ps_strategy):
@@ -216,13 +215,6 @@ def test_metrics_named_in_compile_are_built_under_the_strategy(ps_strategy):
             model.compile(tf.keras.optimizers.Adagrad(0.1), "binary_crossentropy", metrics=["AUC"])
         return model
 
-    remote = build(ps_strategy)
     ids, labels = _data()
     dataset = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH)
-    got = remote.evaluate(dataset, verbose=0, return_dict=True)
-    local = build()
-    local.set_weights(tf_psx.unsharded_weights(remote))
-    want = local.evaluate(dataset, verbose=0, return_dict=True)
-    assert set(got) == set(want) and len(got) == 2, (got, want)
-    for key in want:
-        assert got[key] == pytest.approx(want[key], abs=1e-5), (key, got, want)
+    assert len(_evaluates_like_one_process(build(ps_strategy), build(), dataset)) == 2

@@ -42,6 +42,7 @@ from tf_keras.src.metrics import base_metric as _base_metric
 from tf_keras.src.utils import losses_utils as _losses_utils
 
 from tf_psx._tf.keras import keras, wrapped_like
+from tf_psx._tf.runtime import is_parameter_server_strategy
 
 _install_lock = threading.Lock()
 _INSTALLED = False
@@ -300,7 +301,7 @@ def _python_numbers(logs):
 
 def _applies(model, steps) -> bool:
     strategy = model.distribute_strategy
-    return (steps is None and getattr(strategy, "_should_use_with_coordinator", False)
+    return (steps is None and is_parameter_server_strategy(strategy)
             and getattr(strategy, "exact_evaluation", False)
             and not getattr(model, "_pss_evaluation_shards", 0))
 

@@ -53,6 +53,7 @@ from tensorflow.python.distribute.coordinator import values as coordinator_value
 from tf_keras.src.engine import data_adapter
 
 from tf_psx._tf.keras import keras, wrapped_like
+from tf_psx._tf.runtime import is_parameter_server_strategy
 
 _install_lock = threading.Lock()
 _INSTALLED = False
@@ -186,10 +187,10 @@ def _batched(x, y, sample_weight, batch_size) -> tf.data.Dataset:
 
 
 def _with_coordinator(model) -> bool:
-    return bool(getattr(model.distribute_strategy, "_should_use_with_coordinator", False))
+    return is_parameter_server_strategy(model.distribute_strategy)
 
 
-def _fit_arguments(model, arguments: dict) -> dict:
+def _fit_arguments(arguments: dict) -> dict:
     """fit's arguments with its input made per-worker parts where tf-keras would fail or drop something."""
     x, y, sample_weight = arguments.get("x"), arguments.get("y"), arguments.get("sample_weight")
     class_weight = arguments.get("class_weight")
@@ -301,7 +302,7 @@ def install() -> None:
             if not _with_coordinator(self):
                 return original_fit(self, *args, **kwargs)
             arguments, extra = _named(fit_signature, self, args, kwargs)
-            return original_fit(self, **_fit_arguments(self, arguments), **extra)
+            return original_fit(self, **_fit_arguments(arguments), **extra)
 
         def evaluate(self, *args, **kwargs):
             if not _with_coordinator(self):
