@@ -96,28 +96,46 @@ def test_an_infinite_dataset_without_steps_is_an_error_not_a_hang(ps_strategy):
     remote = _compiled(ps_strategy)
     ids, labels = _data()
     repeated = tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH)
-    with pytest.raises(ValueError, match=r"infinite dataset and no steps: it would never end\. Received: steps=None\. "
-                                         r"Fix: pass steps=N"):
+    with pytest.raises(ValueError, match=r"model\.evaluate got an infinite dataset and no `steps`: it would never "
+                                         r"end\. Received: steps=None\. Fix: pass steps=N"):
         remote.evaluate(repeated, verbose=0)
+    # The printed fix works.
+    assert np.isfinite(remote.evaluate(repeated, steps=3, verbose=0)).all()
 
 
 class _OwnTestStep(tf.keras.Model):
-    def test_step(self, data):
-        return super().test_step(data)
+    def test_step(self, data):  # counts its calls in a metric of its own: the result says how many batches ran
+        result = super().test_step(data)
+        self.batches.update_state(1.0)
+        return dict(result, batches=self.batches.result())
+
+    def build_counter(self):
+        self.batches = tf.keras.metrics.Sum(name="batches")
 
 
-def test_a_custom_test_step_without_steps_names_the_fix(ps_strategy):
-    with ps_strategy.scope():
+def _own_test_step_model(strategy=None):
+    scope = strategy.scope() if strategy is not None else tf.distribute.get_strategy().scope()
+    with scope:
         inputs = tf.keras.Input((2,), dtype=tf.int64)
-        out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(tf.keras.layers.Embedding(40, 4)(inputs)))
+        out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(tf.keras.layers.Embedding(
+            40, 4, embeddings_regularizer="l2")(inputs)))
         model = _OwnTestStep(inputs, out)
+        model.build_counter()
         model.compile("adagrad", "mse")
+    return model
+
+
+def test_a_custom_test_step_and_a_regularizer_evaluate_like_one_process(ps_strategy):
+    # The coordinator feeds tf-keras's own test function: a custom test_step and the regularization term
+    # count as without a strategy (exact evaluation's shard function left both out, so they were refused).
+    remote, local = _own_test_step_model(ps_strategy), _own_test_step_model()
     ids, labels = _data()
-    with pytest.raises(ValueError, match=r"does not call the custom `test_step` of _OwnTestStep\. Received: steps=None\. "
-                                         r"Fix: pass steps=N"):
-        model.evaluate(tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH), verbose=0)
-    # With steps it runs (tf-keras's own path).
-    model.evaluate(tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH), steps=2, verbose=0)
+    finite = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH)
+    want = _evaluates_like_one_process(remote, local, finite)
+    assert want["batches"] == 10.0  # every batch once: 9 of 16 and 1 of 6
+    # With steps it reads the first `steps` batches, as without a strategy.
+    repeated = tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH)
+    assert remote.evaluate(repeated, steps=2, verbose=0, return_dict=True)["batches"] == 2.0
 
 
 def test_after_exact_evaluation_steps_and_a_recompile_work(ps_strategy):
@@ -152,18 +170,6 @@ def test_validation_logs_reach_callbacks_as_numbers(ps_strategy, tmp_path):
     rows = path.read_text().strip().splitlines()
     assert len(rows) == 3 and "val_loss" in rows[0]
     assert all(np.isfinite(float(value)) for value in rows[-1].split(","))
-
-
-def test_a_regularized_model_without_steps_names_the_fix(ps_strategy):
-    with ps_strategy.scope():
-        inputs = tf.keras.Input((2,), dtype=tf.int64)
-        vectors = tf.keras.layers.Embedding(40, 4, embeddings_regularizer="l2")(inputs)
-        model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(vectors)))
-        model.compile("adagrad", "mse")
-    ids, labels = _data()
-    with pytest.raises(ValueError, match=r"leaves out the model's \d+ regularization or add_loss term\(s\) from the "
-                                         r"loss\. Received: steps=None\. Fix: pass steps=N"):
-        model.evaluate(tf.data.Dataset.from_tensor_slices((ids, labels)).batch(BATCH), verbose=0)
 
 
 def _doubled_error(y_true, y_pred):  # a metric function tf-keras cannot look up by name

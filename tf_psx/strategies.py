@@ -18,7 +18,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_psx import _checks, partitioners as _partitioners, weights as _weights
-from tf_psx._tf import evaluation as _evaluation, exact_updates as _exact_updates, fit_inputs as _fit_inputs, keras as _tf_keras, runtime as _runtime
+from tf_psx._tf import exact_updates as _exact_updates, fit_inputs as _fit_inputs, keras as _tf_keras, runtime as _runtime
 from tf_psx._tf import lookup_tables as _lookup_tables, sync as _sync, tfra as _tfra
 from tf_psx._tf import weights as _weights_hook
 from tf_psx.cluster import ClusterConfig
@@ -301,10 +301,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
             _exact_updates.install()
         _exact_updates.install_compile_warning()
         _weights_hook.install(_weights.convert, _weights.whole_values)
-        # model.evaluate(finite dataset) with no steps: tf-keras's exact evaluation (tf_psx._tf.evaluation).
-        self.exact_evaluation = True
-        _evaluation.install()
-        # fit of arrays or of a finite dataset with no steps_per_epoch (tf_psx._tf.fit_inputs); after evaluation's.
+        # fit's and evaluate's input read by the coordinator, sent with each step (tf_psx._tf.fit_inputs).
         _fit_inputs.install()
         # Lookup layers in exact evaluation's loop (tf_psx._tf.lookup_tables).
         _lookup_tables.install()

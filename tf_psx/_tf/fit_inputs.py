@@ -1,225 +1,404 @@
-"""`model.fit` of arrays or of a finite dataset with no `steps_per_epoch`, and `*_on_batch`, under ParameterServerStrategy (tf-keras 2.16).
+"""`model.fit`, `evaluate` and `*_on_batch` under ParameterServerStrategy: the coordinator reads the input (tf-keras 2.16).
 
-Under a ClusterCoordinator every worker reads its own copy of fit's input,
-and an epoch is `steps_per_epoch` steps, which TF asks for:
-- `fit(x_array, y_array, batch_size=..., epochs=...)`, the line most Keras
-  scripts have, failed with tf-keras's "When using a DatasetCreator,
-  `steps_per_epoch` ... must be provided" (tf-keras turns arrays into one);
-- `fit(finite_dataset)` failed once a worker's copy ran out, with
-  `CancelledError ... End of sequence` from deep inside TF.
+Under a ClusterCoordinator, tf-keras gives every worker its own copy of the
+input and schedules each step on whichever worker is free; the step reads
+the next batch of *that worker's* copy. TF refuses most of what Keras users
+pass (arrays, finite datasets with no `steps_per_epoch`, `verbose=1`), and a
+split of the data into per-worker parts does not give one pass per epoch:
+with 2 workers of equal speed and 40 batches, 7 batches were trained twice
+and 7 never in one epoch, because the steps do not alternate between the
+workers.
 
-Here such a fit runs one pass of the data per epoch, as it does without a
-strategy:
-- `steps_per_epoch` is the number of batches in one pass: `ceil(n /
-  batch_size)` for arrays, the dataset's cardinality for a dataset.
-- Worker w of W reads every W-th piece of the data from w on (examples of
-  arrays, batches of a dataset), over and over, so that no worker runs out
-  and two workers never read the same piece in one pass. Arrays are
-  reshuffled on each pass when `shuffle` is true (fit's default), within the
-  worker's part.
-- `validation_split` and array `validation_data` become a dataset, which
-  `tf_psx._tf.evaluation` evaluates exactly; `evaluate(x_array, y_array)`
-  with no `steps` likewise.
-- `class_weight`, which tf-keras drops without a word under a coordinator
-  (`_ClusterCoordinatorDataHandler` never applies it), is applied to the
-  batches of every input: arrays, datasets and `DatasetCreator`s.
+Here the coordinator reads the input itself, exactly as tf-keras reads it
+without a strategy (tf-keras's own `DataHandler`, with its adapters for
+arrays, datasets, generators and `Sequence`s, `class_weight`,
+`steps_per_epoch`, `steps_per_execution` and its "ran out of data"
+handling), and sends the batches of each step *with* the step, as the
+arguments of the scheduled function. So:
+- an epoch trains every example exactly once, whatever the number and the
+  speed of the workers (a step is one closure that carries its batches);
+- a step that TF re-runs after a worker failure re-runs with the same
+  batches;
+- a dataset of unknown size runs one pass per epoch, and `evaluate` and
+  fit's validation visit each batch once, for any model (subclassed, custom
+  `test_step`, `add_loss`, `add_metric`), since they run tf-keras's own
+  `test_function`; the metric variables live on the ps tasks and every
+  update of them is an atomic add;
+- a resumed `fit` (`PeriodicSync`, `BackupAndRestore`) continues at the
+  step it stopped at, in the same order: arrays are shuffled with a seed
+  per epoch number (`shuffle_seed`), and a dataset is skipped to the step.
 
-`train_on_batch`, `test_on_batch` and `predict_on_batch` failed under a
-coordinator too; here the first two run their step on a worker, and
-`predict_on_batch` runs on the coordinator, as tf-keras's `predict` does.
+Mechanics: `get_data_handler` returns `_FedDataHandler` (a local tf-keras
+`DataHandler`, not distributed) under a coordinator; each epoch's iterator
+is wrapped in `_FedIterator`; tf-keras's train and test functions schedule
+`fn(iterator, ...)` on the coordinator, and `ClusterCoordinator.schedule`,
+given a `_FedIterator`, reads the step's batches and schedules
+`fn(iter(Dataset.from_tensor_slices(batches)), ...)` instead.
+
+`train_on_batch` and `test_on_batch` run their step on a worker, and
+`predict_on_batch` on the coordinator, as tf-keras's `predict` does.
+`verbose=1` gives a progress bar (`CoordinatorProgbar`), which tf-keras
+refuses under a coordinator.
 
 Known limitations:
-- Steps go to whichever worker is free. When workers do not keep pace, one
-  epoch reads more of a fast worker's part (it starts its next pass) and
-  less of a slow one's, which that worker reads in the next epoch. Every
-  epoch has the same number of steps; with one worker, or workers of equal
-  speed, each epoch reads each example once.
-- A dataset shuffled with no seed is shuffled anew on each worker, so the
-  workers' parts are not disjoint: each batch is then read once per epoch
-  on average.
-- A dataset of unknown or infinite size gets an error that names
-  `steps_per_epoch` (an epoch would never end, or its length is unknown).
+- The batches travel from the coordinator to the workers, so the input rate
+  is bounded by one process's reading (docs/guides/input.md says how to put
+  the reading on other hosts with the tf.data service).
+- A dataset shuffled with no seed is reshuffled by tf.data on every pass,
+  so a resumed fit skips to the right step of a different order; give the
+  shuffle a seed for an exact resume.
+- `DatasetCreator` keeps TF's meaning: each worker runs the function and
+  reads its own dataset, and `steps_per_epoch` is required.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import inspect
+import logging
 import math
 import threading
+import time
 
+import numpy as np
 import tensorflow as tf
-from tensorflow.python.distribute import input_lib  # pylint: disable=no-name-in-module
-from tensorflow.python.distribute.coordinator import values as coordinator_values  # pylint: disable=no-name-in-module
+from tensorflow.python.distribute.coordinator import cluster_coordinator as _cluster_coordinator  # pylint: disable=no-name-in-module
+from tensorflow.python.distribute.coordinator import values as _coordinator_values  # pylint: disable=no-name-in-module
 from tf_keras.src.engine import data_adapter
+from tf_keras.src.utils import tf_utils as _tf_utils
 
 from tf_psx._tf.keras import keras, wrapped_like
 from tf_psx._tf.runtime import is_parameter_server_strategy
+
+logger = logging.getLogger("tf_psx")
 
 _install_lock = threading.Lock()
 _INSTALLED = False
 # tf-keras's own default batch size for array inputs (Model.fit, Model.evaluate).
 DEFAULT_BATCH_SIZE = 32
+# The shuffle of arrays in epoch e uses the seed (SHUFFLE_SEED, e): the same order on a resume.
+SHUFFLE_SEED = 20_240_601
+# The progress bar reads a finished step's logs at most this often (reading a pending one would wait for it).
+PROGBAR_INTERVAL_S = 1.0
+# The newest steps whose logs the progress bar may read (the oldest finished one of them is shown).
+PROGBAR_WINDOW = 64
 
 
-class _Parts(keras().utils.experimental.DatasetCreator):
-    """fit's input cut into one endless part per worker: `make(index, count)` builds worker `index`'s dataset."""
+class _FedIterator:
+    """One epoch's iterator on the coordinator; `ClusterCoordinator.schedule` sends its batches with the step."""
 
-    def __init__(self, make):
-        super().__init__(self._not_called)
-        self.make = make
+    def __init__(self, iterator, handler: "_FedDataHandler"):
+        self._iterator = iterator
+        self._handler = handler
+        self._ended = False
 
-    @staticmethod
-    def _not_called(_context):
-        raise RuntimeError("tf_psx: a per-worker input was read as a plain DatasetCreator")
-
-
-class _PerWorkerParts(coordinator_values.PerWorkerDatasetFromDatasetFunction):
-    """TF's per-worker dataset, but each worker's dataset function gets the worker's index.
-
-    TF calls one dataset function, with no argument, on every worker. Here the
-    index travels as the closure's argument, and TF keeps it: a worker that
-    fails and comes back rebuilds the same part.
-    """
-
-    def __init__(self, make, coordinator):  # pylint: disable=super-init-not-called
-        self._workers = list(coordinator._cluster.workers)  # pylint: disable=protected-access
-        count = len(self._workers)
-
-        def disallow_variable_creation(next_creator, **kwargs):  # as TF's per-worker datasets
-            raise ValueError("Creating variables in fit's input is not allowed.")
-
-        with tf.variable_creator_scope(disallow_variable_creation):
-            self._dataset_fn = tf.function(lambda index: make(index, count)).get_concrete_function(
-                tf.TensorSpec([], tf.int64))
-        self._coordinator = coordinator
-        self._element_spec = None
-
-    def build(self):
-        raise NotImplementedError("tf_psx: fit's per-worker input is only iterated")
+    def take(self, count: int) -> list:
+        """The next `count` batches (fewer at the end); StopIteration when none is left."""
+        batches = []
+        while not self._ended and len(batches) < count:
+            try:
+                batches.append(next(self._iterator))
+            except (StopIteration, tf.errors.OutOfRangeError):
+                self._ended = True
+        if not batches:
+            raise StopIteration
+        self._handler.fed += len(batches)
+        return batches
 
     def __iter__(self):
-        def make_iterator(index):
-            return iter(self._dataset_fn(index))
+        return self
 
-        remote = tuple(worker.create_resource(make_iterator, args=(tf.constant(worker.worker_index, tf.int64),))
-                       for worker in self._workers)
-        spec = input_lib.get_iterator_spec_from_dataset(self._coordinator.strategy,
-                                                         self._dataset_fn.structured_outputs)
-        for value in remote:
-            value._type_spec = spec  # pylint: disable=protected-access
-        return coordinator_values.PerWorkerDistributedIterator(remote)
+    def __next__(self):  # a caller that reads it as an iterator (a custom loop) gets batches
+        return self.take(1)[0]
+
+
+def _dense(value) -> bool:
+    return isinstance(value, (tf.Tensor, np.ndarray)) or np.isscalar(value)
+
+
+def _groups(batches: list) -> list[list]:
+    """Consecutive batches that can be stacked into one tensor per input (same shapes, dense), in order."""
+    groups: list[list] = []
+    last_key = None
+    for batch in batches:
+        flat = tf.nest.flatten(batch)
+        key = tuple(tuple(np.shape(t)) for t in flat) if all(_dense(t) for t in flat) else None
+        if key is not None and key == last_key:
+            groups[-1].append(batch)
+        else:
+            groups.append([batch])
+        last_key = key
+    return groups
+
+
+def _fed_runner(fn, stacked: bool):
+    """`fn(iterator, *rest)` made `run(batches, *rest)`: the iterator is built on the worker from the batches."""
+    attribute = "_tf_psx_fed_stacked" if stacked else "_tf_psx_fed_single"
+    runner = getattr(fn, attribute, None)
+    if runner is None:
+        def run(batches, *rest):
+            data = (tf.data.Dataset.from_tensor_slices(batches) if stacked
+                    else tf.data.Dataset.from_tensors(batches))
+            return fn(iter(data), *rest)
+
+        runner = tf.function(run, reduce_retracing=True)
+        setattr(fn, attribute, runner)
+    return runner
+
+
+def _schedule_fed(coordinator, schedule, fn, fed: _FedIterator, rest: tuple):
+    """Reads the step's batches and schedules `fn` with them; returns the last step's RemoteValue."""
+    count = int(rest[0]) if rest else 1  # tf-keras passes steps_per_execution when it is not 1
+    result = None
+    for group in _groups(fed.take(count)):
+        if len(group) == 1:
+            args = (group[0],)
+            runner = _fed_runner(fn, stacked=False)
+        else:
+            args = (tf.nest.map_structure(lambda *parts: tf.stack(parts), *group),)
+            runner = _fed_runner(fn, stacked=True)
+        if rest:
+            args += (tf.constant(len(group), tf.convert_to_tensor(rest[0]).dtype),)
+        result = schedule(coordinator, runner, args=args)
+    return result
+
+
+class _FedDataHandler(data_adapter.DataHandler):
+    """tf-keras's local `DataHandler`, read by the coordinator: batches go to the workers with their steps."""
+
+    def __init__(self, x=None, y=None, sample_weight=None, batch_size=None, steps_per_epoch=None, initial_epoch=0,
+                 epochs=1, shuffle=False, class_weight=None, max_queue_size=10, workers=1, use_multiprocessing=False,
+                 model=None, steps_per_execution=None, distribute=True, pss_evaluation_shards=0):  # pylint: disable=unused-argument
+        self._stream = None
+        if _is_arrays(x, y):
+            batch_size = batch_size or DEFAULT_BATCH_SIZE
+            self._stream, count = _array_stream(x, y, sample_weight, batch_size, shuffle)
+            per_pass = math.ceil(count / batch_size)
+            steps_per_epoch = steps_per_epoch or per_pass
+            x, y, sample_weight, batch_size = self._stream(0), None, None, None
+        elif isinstance(x, tf.data.Dataset):
+            _check_countable(x, steps_per_epoch, _call_of(model))
+        super().__init__(x=x, y=y, sample_weight=sample_weight, batch_size=batch_size,
+                         steps_per_epoch=steps_per_epoch, initial_epoch=initial_epoch, epochs=epochs,
+                         shuffle=shuffle, class_weight=class_weight, max_queue_size=max_queue_size,
+                         workers=workers, use_multiprocessing=use_multiprocessing, model=model,
+                         steps_per_execution=steps_per_execution, distribute=False)
+        self._requested_initial_epoch = initial_epoch
+        self._class_weight = class_weight
+        self.fed = 0  # batches fed in this epoch
+        self._epoch_start = 0
+
+    def _positioned(self, epoch: int, fresh_each_epoch: bool):
+        """This epoch's iterator, at the step fit starts from (after a resume)."""
+        start = self._initial_step
+        if self._stream is not None:
+            stream = self._stream(epoch * self._inferred_steps + start)
+            if self._class_weight:
+                stream = stream.map(data_adapter._make_class_weight_map_fn(self._class_weight))  # pylint: disable=protected-access
+            return iter(stream)
+        if not fresh_each_epoch and self._inferred_steps:
+            # One iterator for all epochs: the epochs a resume skipped were read from it too.
+            start += (epoch - self._requested_initial_epoch) * self._inferred_steps
+        return _local_iterator(self._dataset.skip(start) if start else self._dataset)
+
+    def enumerate_epochs(self):
+        """Yields `(epoch, _FedIterator)`, as tf-keras's `enumerate_epochs` yields its iterators."""
+        with self._truncate_execution_to_epoch():
+            iterator = None
+            for epoch in range(self._initial_epoch, self._epochs):
+                if self._insufficient_data:  # set by catch_stop_iteration
+                    break
+                fresh = self._adapter.should_recreate_iterator()
+                if iterator is None or fresh:
+                    iterator = self._positioned(epoch, fresh)
+                self.fed, self._epoch_start = 0, self._initial_step
+                yield epoch, _FedIterator(iterator, self)
+                self._adapter.on_epoch_end()
+
+    @contextlib.contextmanager
+    def catch_stop_iteration(self):
+        """As tf-keras's, and the steps fed before the end are waited for and counted."""
+        with super().catch_stop_iteration():
+            try:
+                yield
+            except (StopIteration, tf.errors.OutOfRangeError):
+                self.sync()  # tf-keras skips it on this path: the steps in flight are this epoch's
+                self._current_step = self._epoch_start + self.fed  # tf-keras counted whole executions
+                raise
+
+    def sync(self):
+        self._model._cluster_coordinator.join()  # pylint: disable=protected-access
+
+
+# The call whose input a handler reads, and the name of its steps argument (set by the fit and evaluate wrappers).
+_CALL_ATTR = "_tf_psx_call"
+_STEPS_ARGUMENT = {"model.fit": "steps_per_epoch", "model.fit's validation": "validation_steps",
+                   "model.evaluate": "steps"}
+
+
+def _local_iterator(dataset: tf.data.Dataset):
+    """`iter(dataset)` on the coordinator, also for a dataset made before the strategy connected.
+
+    Such a dataset's ops sit on `/job:localhost`, which is gone once the
+    process joins the cluster: iterating it failed with
+    "/job:localhost/replica:0/task:0/device:CPU:0 unknown device". It is
+    rebuilt here from its graph (as TF ships datasets to workers).
+    """
+    try:
+        return iter(dataset)
+    except tf.errors.InvalidArgumentError as error:
+        if "unknown device" not in str(error):
+            raise
+    graph = _coordinator_values.serialize_dataset_to_graph(dataset)
+    return iter(_coordinator_values.deserialize_dataset_from_graph(graph, dataset.element_spec))
+
+
+def _call_of(model) -> str:
+    """"model.fit" for fit's first handler, then "model.fit's validation"; "model.evaluate" otherwise."""
+    call = getattr(model, _CALL_ATTR, None) or "model.evaluate"
+    if call == "model.fit":
+        setattr(model, _CALL_ATTR, "model.fit's validation")
+    return call
+
+
+def _check_countable(dataset: tf.data.Dataset, steps, call: str) -> None:
+    """An infinite dataset with no steps, or an empty one: an error that names the call's own argument."""
+    cardinality = int(dataset.cardinality())
+    argument = _STEPS_ARGUMENT[call]
+    if cardinality == int(tf.data.INFINITE_CARDINALITY) and steps is None:
+        never = "its first epoch would never end" if call == "model.fit" else "it would never end"
+        raise ValueError(
+            f"{call} got an infinite dataset and no `{argument}`: {never}. Received: {argument}=None. "
+            f"Fix: pass {argument}=N (the batches of one {'epoch' if call == 'model.fit' else 'evaluation'}), "
+            "or a finite dataset (no .repeat()).")
+    if cardinality == 0:
+        raise ValueError(f"{call} got an empty dataset (0 batches). Fix: pass a dataset with at least one batch.")
 
 
 def _is_arrays(x, y) -> bool:
-    return x is not None and data_adapter.TensorLikeDataAdapter.can_handle(x, y)
+    return x is not None and not isinstance(x, tf.data.Dataset) and data_adapter.TensorLikeDataAdapter.can_handle(x, y)
 
 
-def _class_weighted(dataset: tf.data.Dataset, class_weight) -> tf.data.Dataset:
-    return dataset if not class_weight else dataset.map(data_adapter._make_class_weight_map_fn(class_weight))  # pylint: disable=protected-access
+def _array_stream(x, y, sample_weight, batch_size: int, shuffle):
+    """`stream(position)`: the batches of arrays from batch `position` on, pass after pass; and the examples.
 
-
-def _array_dataset(x, y, sample_weight) -> tuple[tf.data.Dataset, int]:
-    """One element per example, and the number of examples (tf-keras's conversions of arrays)."""
+    Pass p is shuffled with the seed (SHUFFLE_SEED, p) when `shuffle`
+    (tf-keras's "batch" mode shuffles whole examples here too), so a stream
+    rebuilt at a position continues the same order.
+    """
     arrays = data_adapter._process_tensorlike((x, y, sample_weight))  # pylint: disable=protected-access
     data_adapter._check_data_cardinality([a for a in arrays if a is not None])  # pylint: disable=protected-access
+    arrays = data_adapter.pack_x_y_sample_weight(*arrays)
     count = int(tf.nest.flatten(arrays)[0].shape[0])
-    return tf.data.Dataset.from_tensor_slices(data_adapter.pack_x_y_sample_weight(*arrays)), count
+    per_pass = math.ceil(count / batch_size)
+    values = tf.nest.map_structure(tf.convert_to_tensor, arrays)
 
+    def order(index):
+        if not shuffle:
+            return tf.range(count, dtype=tf.int64)
+        seed = tf.stack([tf.constant(SHUFFLE_SEED, tf.int64), index])
+        return tf.random.experimental.stateless_shuffle(tf.range(count, dtype=tf.int64), seed=seed)
 
-def _array_parts(x, y, sample_weight, batch_size, shuffle, class_weight) -> tuple[_Parts, int]:
-    examples, count = _array_dataset(x, y, sample_weight)
-    graph = coordinator_values.serialize_dataset_to_graph(examples)
-    spec = examples.element_spec
+    def take(indices):
+        return tf.nest.map_structure(lambda value: tf.gather(value, indices), values)
 
-    def make(index, workers):
-        part = coordinator_values.deserialize_dataset_from_graph(graph, spec)
-        if count >= workers:  # else every worker reads all of them (a part would be empty)
-            part = part.shard(workers, index)
-        if shuffle:
-            part = part.shuffle(math.ceil(count / workers), reshuffle_each_iteration=True)
-        return _class_weighted(part.batch(batch_size), class_weight).repeat().prefetch(tf.data.AUTOTUNE)
+    def stream(position: int):
+        first, skip = divmod(int(position), per_pass)
+        passes = tf.data.Dataset.range(first, np.iinfo(np.int64).max)
+        batches = passes.flat_map(lambda p: tf.data.Dataset.from_tensor_slices(order(p)).batch(batch_size))
+        return batches.skip(skip).map(take).prefetch(tf.data.AUTOTUNE)
 
-    return _Parts(make), math.ceil(count / batch_size)
-
-
-def _dataset_steps(dataset: tf.data.Dataset, what: str) -> int:
-    cardinality = int(dataset.cardinality())
-    if cardinality == int(tf.data.INFINITE_CARDINALITY):
-        raise ValueError(
-            f"{what} under ParameterServerStrategy got an infinite dataset and no steps_per_epoch: its first "
-            "epoch would never end. Received: steps_per_epoch=None. Fix: pass steps_per_epoch=N (the batches "
-            "of one epoch).")
-    if cardinality == int(tf.data.UNKNOWN_CARDINALITY):
-        raise ValueError(
-            f"{what} under ParameterServerStrategy needs the number of batches in one pass of the dataset, and "
-            "TF cannot tell it (a filter, a file reader or a generator hides it). Received: steps_per_epoch=None. "
-            "Fix: pass steps_per_epoch=N, or state the size with "
-            "dataset.apply(tf.data.experimental.assert_cardinality(N)).")
-    if cardinality == 0:
-        raise ValueError(f"{what} got an empty dataset (0 batches). Fix: pass a dataset with at least one batch.")
-    return cardinality
-
-
-def _dataset_parts(dataset: tf.data.Dataset, class_weight) -> tuple[_Parts, int]:
-    steps = _dataset_steps(dataset, "model.fit")
-    graph = coordinator_values.serialize_dataset_to_graph(dataset)
-    spec = dataset.element_spec
-
-    def make(index, workers):
-        whole = coordinator_values.deserialize_dataset_from_graph(graph, spec)
-        # Fewer batches than workers: every worker reads all of them (a part would be empty).
-        part = whole.shard(workers, index) if steps >= workers else whole
-        return _class_weighted(part, class_weight).repeat().prefetch(tf.data.AUTOTUNE)
-
-    return _Parts(make), steps
+    return stream, count
 
 
 def _weighted_creator(creator, class_weight):
     def dataset_fn(context):
-        return _class_weighted(creator(context), class_weight)
+        dataset = creator(context)
+        return dataset.map(data_adapter._make_class_weight_map_fn(class_weight))  # pylint: disable=protected-access
 
     return keras().utils.experimental.DatasetCreator(dataset_fn, input_options=creator.input_options)
-
-
-def _batched(x, y, sample_weight, batch_size) -> tf.data.Dataset:
-    examples, _ = _array_dataset(x, y, sample_weight)
-    return examples.batch(batch_size or DEFAULT_BATCH_SIZE)
 
 
 def _with_coordinator(model) -> bool:
     return is_parameter_server_strategy(model.distribute_strategy)
 
 
-def _fit_arguments(arguments: dict) -> dict:
-    """fit's arguments with its input made per-worker parts where tf-keras would fail or drop something."""
-    x, y, sample_weight = arguments.get("x"), arguments.get("y"), arguments.get("sample_weight")
-    class_weight = arguments.get("class_weight")
-    changed = dict(arguments)
-    if _is_arrays(x, y):
-        validation_split = arguments.get("validation_split") or 0.0
-        if validation_split and arguments.get("validation_data") is None:
-            (x, y, sample_weight), changed["validation_data"] = data_adapter.train_validation_split(
-                (x, y, sample_weight), validation_split=validation_split)
-            changed["validation_split"] = 0.0
-        batch_size = arguments.get("batch_size") or DEFAULT_BATCH_SIZE
-        parts, steps = _array_parts(x, y, sample_weight, batch_size, bool(arguments.get("shuffle", True)),
-                                    class_weight)
-        changed.update(x=parts, y=None, sample_weight=None, batch_size=None, class_weight=None)
-        if arguments.get("steps_per_epoch") is None:
-            changed["steps_per_epoch"] = steps
-    elif isinstance(x, tf.data.Dataset) and arguments.get("steps_per_epoch") is None:
-        parts, steps = _dataset_parts(x, class_weight)
-        changed.update(x=parts, class_weight=None, steps_per_epoch=steps)
-    elif class_weight and isinstance(x, tf.data.Dataset):
-        changed.update(x=_class_weighted(x, class_weight), class_weight=None)
-    elif class_weight and isinstance(x, keras().utils.experimental.DatasetCreator):
-        changed.update(x=_weighted_creator(x, class_weight), class_weight=None)
-    validation = changed.get("validation_data")
-    if validation is not None and not isinstance(validation, tf.data.Dataset):
-        val_x, val_y, val_weight = data_adapter.unpack_x_y_sample_weight(validation)
-        if _is_arrays(val_x, val_y):
-            changed["validation_data"] = _batched(val_x, val_y, val_weight,
-                                                  arguments.get("validation_batch_size") or arguments.get("batch_size"))
+def _fed_input(x) -> bool:
+    """True for what the coordinator reads: all but a `DatasetCreator` and an already distributed dataset."""
+    return not isinstance(x, keras().utils.experimental.DatasetCreator) and not data_adapter._is_distributed_dataset(x)  # pylint: disable=protected-access
+
+
+class CoordinatorProgbar(keras().callbacks.ProgbarLogger):
+    """Keras's progress bar under a coordinator, updated at most every `PROGBAR_INTERVAL_S` from finished steps.
+
+    tf-keras refuses `verbose=1` under ParameterServerStrategy because its
+    bar reads every step's logs, which waits for that step. This bar reads
+    the logs of the newest step already finished, once a second: it never
+    waits for a step in flight.
+    """
+
+    def __init__(self, count_mode: str = "steps"):
+        super().__init__(count_mode)
+        self._supports_tf_logs = True  # the logs stay RemoteValues: nothing waits
+        self._recent: collections.deque = collections.deque(maxlen=PROGBAR_WINDOW)
+        self._last_shown = 0.0
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.verbose = 1  # fit ran with verbose=0 so that tf-keras adds no bar of its own
+
+    def _batch_update_progbar(self, batch, logs=None):
+        self._maybe_init_progbar()
+        self.seen = batch + 1
+        if logs is not None:
+            self._recent.append(logs)
+        now = time.monotonic()
+        last = self.target is not None and self.seen >= self.target
+        if now - self._last_shown < PROGBAR_INTERVAL_S and not last:
+            return
+        self._last_shown = now
+        shown = None
+        while self._recent:
+            candidate = self._recent.pop()  # newest first
+            if not _is_remote(candidate) or _ready(candidate):
+                shown = candidate
+                break
+        self._recent.clear()
+        values = [] if shown is None else list(_numbers(shown).items())
+        self.progbar.update(self.seen, values, finalize=False)
+
+    def _finalize_progbar(self, logs, counter):
+        self._recent.clear()
+        super()._finalize_progbar(logs, counter)
+
+
+def _is_remote(value) -> bool:
+    return hasattr(value, "fetch") and hasattr(value, "_status_available_event")
+
+
+def _ready(value) -> bool:
+    return value._status_available_event.is_set()  # pylint: disable=protected-access
+
+
+def _numbers(logs) -> dict:
+    value = logs.fetch() if _is_remote(logs) else logs
+    value = _tf_utils.sync_to_numpy_or_python_type(value)
+    if not isinstance(value, dict):
+        return {}
+    return {key: float(np.asarray(v)) for key, v in value.items() if np.size(v) == 1}
+
+
+def _with_progbar(arguments: dict, count_mode: str = "steps") -> dict:
+    """verbose=1 under a coordinator: tf-keras's bar off (it would refuse), tf_psx's throttled bar on."""
+    if arguments.get("verbose", "auto") != 1:
+        return arguments
+    changed = dict(arguments, verbose=0)
+    callbacks = arguments.get("callbacks")
+    if isinstance(callbacks, keras().callbacks.CallbackList):
+        callbacks.append(CoordinatorProgbar(count_mode))
+    else:
+        changed["callbacks"] = list(callbacks or []) + [CoordinatorProgbar(count_mode)]
     return changed
 
 
@@ -237,7 +416,9 @@ def _per_worker_single_batch(coordinator):
         arrays = data_adapter._process_tensorlike((x, y, sample_weight))  # pylint: disable=protected-access
         data = (arrays[0],) if arrays[1] is None else (arrays[:2] if arrays[2] is None else arrays)
         data_adapter._check_data_cardinality(data)  # pylint: disable=protected-access
-        dataset = _class_weighted(tf.data.Dataset.from_tensors(data), class_weight)
+        dataset = tf.data.Dataset.from_tensors(data)
+        if class_weight:
+            dataset = dataset.map(data_adapter._make_class_weight_map_fn(class_weight))  # pylint: disable=protected-access
         return iter(coordinator.create_per_worker_dataset(dataset))
 
     return single_batch_iterator
@@ -270,17 +451,6 @@ def _on_batch(original, coordinated: bool):
     return wrapped_like(on_batch, original)
 
 
-def _configure_parts(original):
-    def configure(self, strategy, x, steps_per_epoch, class_weight, distribute):
-        if not isinstance(x, _Parts):
-            return original(self, strategy, x, steps_per_epoch, class_weight, distribute)
-        self._dataset = _PerWorkerParts(x.make, self._model._cluster_coordinator)  # pylint: disable=protected-access
-        self._inferred_steps = steps_per_epoch
-        return None
-
-    return configure
-
-
 def _named(signature, model, args, kwargs) -> tuple[dict, dict]:
     """A call's arguments by name (without `self`), and its extra `**kwargs` (tf-keras's private ones)."""
     arguments = dict(signature.bind(model, *args, **kwargs).arguments)
@@ -288,8 +458,29 @@ def _named(signature, model, args, kwargs) -> tuple[dict, dict]:
     return arguments, arguments.pop("kwargs", {})
 
 
+def _get_data_handler(original):
+    def get_data_handler(*args, **kwargs):
+        model = kwargs.get("model")
+        x = kwargs["x"] if "x" in kwargs else (args[0] if args else None)
+        if (getattr(model, "_cluster_coordinator", None) is not None and not kwargs.get("pss_evaluation_shards")
+                and _fed_input(x)):
+            return _FedDataHandler(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    return get_data_handler
+
+
+def _schedule(original):
+    def schedule(self, fn, args=None, kwargs=None):
+        if args and isinstance(args[0], _FedIterator) and not kwargs:
+            return _schedule_fed(self, original, fn, args[0], tuple(args[1:]))
+        return original(self, fn, args=args, kwargs=kwargs)
+
+    return wrapped_like(schedule, original)
+
+
 def install() -> None:
-    """Wraps tf-keras `Model.fit`, `evaluate` (outside tf_psx._tf.evaluation's wrappers) and `*_on_batch` (once)."""
+    """Makes the coordinator read fit's and evaluate's input, and wraps `*_on_batch` (once)."""
     global _INSTALLED  # pylint: disable=global-statement
     with _install_lock:
         if _INSTALLED:
@@ -302,24 +493,35 @@ def install() -> None:
             if not _with_coordinator(self):
                 return original_fit(self, *args, **kwargs)
             arguments, extra = _named(fit_signature, self, args, kwargs)
-            return original_fit(self, **_fit_arguments(arguments), **extra)
+            x, class_weight = arguments.get("x"), arguments.get("class_weight")
+            if class_weight and isinstance(x, keras().utils.experimental.DatasetCreator):
+                # tf-keras drops class_weight under a coordinator (_ClusterCoordinatorDataHandler never applies it).
+                arguments.update(x=_weighted_creator(x, class_weight), class_weight=None)
+            setattr(self, _CALL_ATTR, "model.fit")
+            try:
+                return original_fit(self, **_with_progbar(arguments), **extra)
+            finally:
+                setattr(self, _CALL_ATTR, None)
 
         def evaluate(self, *args, **kwargs):
             if not _with_coordinator(self):
                 return original_evaluate(self, *args, **kwargs)
             arguments, extra = _named(evaluate_signature, self, args, kwargs)
-            if arguments.get("steps") is None and _is_arrays(arguments.get("x"), arguments.get("y")):
-                arguments["x"] = _batched(arguments.get("x"), arguments.get("y"), arguments.get("sample_weight"),
-                                          arguments.get("batch_size"))
-                arguments.update(y=None, sample_weight=None, batch_size=None)
-            return original_evaluate(self, **arguments, **extra)
+            if extra.get("_use_cached_eval_dataset"):  # fit's validation
+                return original_evaluate(self, **arguments, **extra)
+            call = getattr(self, _CALL_ATTR, None)
+            setattr(self, _CALL_ATTR, "model.evaluate")
+            try:
+                return original_evaluate(self, **_with_progbar(arguments), **extra)
+            finally:
+                setattr(self, _CALL_ATTR, call)
 
         model_class.fit = wrapped_like(fit, original_fit)
         model_class.evaluate = wrapped_like(evaluate, original_evaluate)
         model_class.train_on_batch = _on_batch(model_class.train_on_batch, coordinated=True)
         model_class.test_on_batch = _on_batch(model_class.test_on_batch, coordinated=True)
         model_class.predict_on_batch = _on_batch(model_class.predict_on_batch, coordinated=False)
-        handler = data_adapter._ClusterCoordinatorDataHandler  # pylint: disable=protected-access
-        handler._configure_dataset_and_inferred_steps = _configure_parts(  # pylint: disable=protected-access
-            handler._configure_dataset_and_inferred_steps)  # pylint: disable=protected-access
+        data_adapter.get_data_handler = _get_data_handler(data_adapter.get_data_handler)
+        coordinator_class = _cluster_coordinator.ClusterCoordinator
+        coordinator_class.schedule = _schedule(coordinator_class.schedule)
         _INSTALLED = True

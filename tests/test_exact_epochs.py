@@ -1,0 +1,88 @@
+"""`model.fit(...)` under ParameterServerStrategy trains every example exactly once per epoch.
+
+The check (tests/scripts/exact_epochs.py): one Adagrad row per example, a
+loss linear in the rows, full batches only, so a row applied k times has a
+closed form whatever the interleaving of the workers; `applications` reads
+k back. Before the coordinator read the input, 2 workers of equal speed
+trained 7 of 40 batches twice and 7 never in one epoch.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_psx
+
+from conftest import run_script
+from scripts import exact_epochs
+
+
+def _applications(rows, grad: float) -> np.ndarray:
+    return np.array([exact_epochs.applications(row, grad) for row in rows])
+
+
+def _per_epoch(result) -> np.ndarray:
+    """Applications of every example in each epoch (rows are cumulative)."""
+    counts = np.array([_applications(rows, result["grad"]) for rows in result["rows"]])
+    assert (counts >= 0).all(), "a row matches no whole number of applications"
+    return np.diff(np.vstack([np.zeros_like(counts[:1]), counts]), axis=0)
+
+
+def _results(*args: str) -> list[dict]:
+    result = run_script("exact_epochs.py", *args)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+
+
+def _assert_exact(results: list[dict], inputs: set[str], epochs: int = 2) -> None:
+    assert {r["input"] for r in results} == inputs, results
+    for result in results:
+        per_epoch = _per_epoch(result)
+        assert per_epoch.shape == (epochs, result["batches"] * exact_epochs.BATCH), result["input"]
+        once = (per_epoch == 1).sum(axis=1)
+        assert (per_epoch == 1).all(), f"{result['input']}: examples trained once per epoch {once.tolist()}"
+        assert result["epochs"] == epochs
+        if not result["sync"]:
+            assert result["steps"] == epochs * result["batches"]
+
+
+def test_closed_form_reads_back_the_applications():
+    for k in range(6):
+        assert exact_epochs.applications(exact_epochs.closed_form(k)) == k
+    assert exact_epochs.applications(exact_epochs.closed_form(2) + 0.01) == -1
+
+
+def test_a_broken_input_fails_the_check(ps_strategy):
+    # One batch read twice and another never: the check must see it (the session cluster: 1 worker).
+    model = exact_epochs.build(ps_strategy, exact_epochs.BATCHES * exact_epochs.BATCH)
+    dataset, _ = exact_epochs.inputs_of("dataset", break_input=True)
+    model.fit(dataset, epochs=1, verbose=0)
+    result = {"input": "dataset", "rows": [tf_psx.unsharded_weights(model)[0][:, 0].tolist()], "epochs": 1,
+              "sync": False, "steps": exact_epochs.BATCHES, "batches": exact_epochs.BATCHES, "grad": exact_epochs.GRAD}
+    per_epoch = _per_epoch(result)
+    batch = exact_epochs.BATCH
+    assert (per_epoch[0, batch:2 * batch] == 2).all() and (per_epoch[0, 2 * batch:3 * batch] == 0).all()
+    with pytest.raises(AssertionError, match="examples trained once per epoch"):
+        _assert_exact([result], {"dataset"}, epochs=1)
+
+
+@pytest.mark.processes
+def test_two_workers_async_train_every_example_once_per_epoch():
+    _assert_exact(_results("--workers", "2", "--epochs", "2"), {"arrays", "dataset", "unknown"})
+
+
+@pytest.mark.processes
+def test_three_workers_sync_with_steps_per_execution_train_every_example_once_per_epoch():
+    results = _results("--workers", "3", "--sync", "--epochs", "2", "--steps-per-execution", "3", "--batches", "42",
+                       "--inputs", "arrays,dataset")
+    _assert_exact(results, {"arrays", "dataset"})
+
+
+@pytest.mark.processes
+def test_a_3x_straggler_does_not_change_what_an_epoch_trains():
+    _assert_exact(_results("--workers", "2", "--straggler", "--epochs", "2", "--inputs", "arrays,dataset"),
+                  {"arrays", "dataset"})
