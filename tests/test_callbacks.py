@@ -509,12 +509,3 @@ def _assert_staleness_mean_agrees_with_the_histogram(run: dict) -> None:
     assert low - 1e-6 <= mean <= high + 1e-6, (mean, low, high, run)
     # Stale gradients were seen (staleness_max >= 1 above), so the mean is not 0.
     assert mean > 0
-
-
-def test_coordinator_feed_refuses_what_it_cannot_feed(tmp_path):
-    model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
-    model.compile("sgd", "mse")
-    data = tf.data.Dataset.from_tensor_slices((np.ones((4, 1)), np.ones(4))).batch(2)
-    with pytest.raises(ValueError, match=r"CoordinatorFeed needs a model built under a tf_psx.ParameterServerStrategy "
-                                         r"scope. Received a model under _DefaultDistributionStrategy"):
-        tf_psx.feed.CoordinatorFeed(model, data, str(tmp_path), every_n_steps=2)

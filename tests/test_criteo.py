@@ -806,7 +806,7 @@ def test_redaction_keeps_the_field_values_out_of_the_warnings(tmp_path, tsv_file
 
 
 def test_the_readers_position_is_checkpointed_with_its_iterator(tmp_path, tsv_file):
-    # CoordinatorFeed saves the iterator with the weights: a restored iterator goes on with the next batch.
+    # A checkpointed iterator goes on with the next batch after a restore (tf.train.Checkpoint of tf.data).
     iterator = iter(criteo(tsv_file, 4))
     next(iterator)
     checkpoint = tf.train.Checkpoint(data=iterator)

@@ -30,7 +30,7 @@ _EXPORTS = {
     "export_serving": "tf_psx.export",
     "unsharded_weights": "tf_psx.weights",
 }
-_SUBMODULES = ("partitioners", "data", "cluster", "local", "strategies", "optimizers", "layers", "tables", "callbacks", "launch", "weights", "errors", "feed")
+_SUBMODULES = ("partitioners", "data", "cluster", "local", "strategies", "optimizers", "layers", "tables", "callbacks", "launch", "weights", "errors")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

@@ -27,6 +27,8 @@ __all__ = [
     "LaunchError",
     "CommandError",
     "SyncStepError",
+    "MetricsPortError",
+    "TFRAOptimizerError",
 ]
 
 
@@ -56,6 +58,10 @@ class Keras3Error(TFPSXError, TypeError):
 
 class DynamicEmbeddingSaveError(TFPSXError, ValueError):
     """Model.save of a model with TFRA tables, which would not serve; names the alternatives."""
+
+
+class TFRAOptimizerError(TFPSXError, TypeError):
+    """A model with TFRA layers compiled with an optimizer tf_psx cannot make exact; names the fix."""
 
 
 class ManifestError(TFPSXError, ValueError):

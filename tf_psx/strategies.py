@@ -303,6 +303,9 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         _weights_hook.install(_weights.convert, _weights.whole_values)
         # fit's and evaluate's input read by the coordinator, sent with each step (tf_psx._tf.fit_inputs).
         _fit_inputs.install()
+        # Models with TFRA's own layers: exact table updates at compile (tf_psx._tf.tfra).
+        _tfra.install_tfra_optimizer_hook()
+        _install_tfra_shadows_if_imported()
         # Lookup layers in exact evaluation's loop (tf_psx._tf.lookup_tables).
         _lookup_tables.install()
         self.sync_controller = None
@@ -312,6 +315,11 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
                 self, enabled=sync is True, replicas_to_aggregate=replicas_to_aggregate,
                 timeout_s=sync_timeout_s, worker_addresses=list(workers),
                 address_listens=_address_listens)
+
+    def scope(self):  # pylint: disable=useless-parent-delegation
+        """As TF's `scope`; TFRA imported since the strategy was made gets per-worker shadows first."""
+        _install_tfra_shadows_if_imported()
+        return super().scope()
 
     def run(self, fn, args=(), kwargs=None, options=None):
         """As TF's `run`; in sync mode the step first claims its place in a sync step."""
@@ -406,6 +414,23 @@ def _check_replicas(sync, replicas_to_aggregate, num_workers: int) -> int:
             "for one backup worker, or leave it None to aggregate every worker."
         )
     return replicas_to_aggregate
+
+
+def _install_tfra_shadows_if_imported() -> None:
+    """Per-worker shadow buffers for every TFRA layer built under the strategy, once TFRA is imported.
+
+    TFRA's own layers (`de.keras.layers.Embedding`, `SquashedEmbedding`) keep
+    each step's rows in shadow variables that all workers shared: with 2
+    workers, TFRA's own parameter-server demo failed with shape errors. TFRA
+    is never imported here (it is slow and patches TF): only when the user
+    already did.
+    """
+    import sys  # pylint: disable=import-outside-toplevel
+
+    if "tensorflow_recommenders_addons" in sys.modules:
+        from tf_psx._tf import shadows as _shadows  # pylint: disable=import-outside-toplevel
+
+        _shadows.install_per_worker_shadows()
 
 
 def _check_no_local_tables() -> None:

@@ -25,7 +25,7 @@ example's gradient is GRAD / workers: pass --batches divisible by the
 workers, so that no partial step (fewer gradients) is flushed.
 
 Usage: exact_epochs.py --workers 2 [--sync] [--straggler] [--batches 40] [--inputs arrays,dataset,unknown]
-  [--epochs 2] [--steps-per-execution 1] [--break-input]
+  [--epochs 2] [--steps-per-execution 1] [--break-input] [--tfra]
 `--break-input` reads one batch twice and skips another (the check must fail).
 """
 
@@ -42,6 +42,9 @@ import numpy as np
 
 import tf_psx
 import tensorflow as tf
+
+if "--tfra" in sys.argv:  # before the strategy: its layers get per-worker shadows
+    import tensorflow_recommenders_addons  # noqa: F401  pylint: disable=unused-import
 
 BATCH = 8
 BATCHES = 40
@@ -83,14 +86,32 @@ class Straggler:
         os.kill(self.pid, signal.SIGCONT)
 
 
-def build(strategy, rows: int):
+def build(strategy, rows: int, tfra: bool = False, name: str = "rows"):
+    """The counting model; with `tfra`, written as TFRA's demos write it (TFRA's layer, a legacy optimizer)."""
     with strategy.scope():
         inputs = tf.keras.Input((1,), dtype=tf.int64)
-        vectors = tf.keras.layers.Embedding(rows, 1, embeddings_initializer="zeros", name="rows")(inputs)
-        model = tf.keras.Model(inputs, tf.keras.layers.Flatten()(vectors))
-        model.compile(tf.keras.optimizers.Adagrad(LR, initial_accumulator_value=A0),
-                      loss=lambda _y, rows_: tf.reduce_sum(rows_, axis=-1))
+        if tfra:
+            from tensorflow_recommenders_addons import dynamic_embedding as de  # pylint: disable=import-outside-toplevel
+
+            # TFRA shares a table by name across models: one name per model.
+            layer = de.keras.layers.Embedding(1, initializer=tf.keras.initializers.Zeros(), name=name,
+                                              devices=[f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(2)])
+            optimizer = de.DynamicEmbeddingOptimizer(
+                tf.keras.optimizers.legacy.Adagrad(LR, initial_accumulator_value=A0))
+        else:
+            layer = tf.keras.layers.Embedding(rows, 1, embeddings_initializer="zeros", name=name)
+            optimizer = tf.keras.optimizers.Adagrad(LR, initial_accumulator_value=A0)
+        model = tf.keras.Model(inputs, tf.keras.layers.Flatten()(layer(inputs)))
+        model.compile(optimizer, loss=lambda _y, rows_: tf.reduce_sum(rows_, axis=-1))
     return model
+
+
+def rows_of(model, count: int, tfra: bool, name: str = "rows") -> list[float]:
+    """Row i of the table for ids 0..count-1 (a TFRA table is looked up on the coordinator)."""
+    if not tfra:
+        return tf_psx.unsharded_weights(model)[0][:count, 0].tolist()
+    params = model.get_layer(name).params
+    return params.lookup(tf.range(count, dtype=tf.int64)).numpy()[:, 0].tolist()
 
 
 def inputs_of(name: str, break_input: bool, batches: int = BATCHES):
@@ -116,11 +137,12 @@ def main(argv=None) -> int:
     parser.add_argument("--steps-per-execution", type=int, default=1)
     parser.add_argument("--batches", type=int, default=BATCHES, help="batches of one pass")
     parser.add_argument("--break-input", action="store_true")
+    parser.add_argument("--tfra", action="store_true", help="TFRA's own layer and a legacy optimizer")
     args = parser.parse_args(argv)
     with tf_psx.LocalCluster(num_workers=args.workers, num_ps=2, processes=args.straggler) as cluster:
         strategy = tf_psx.ParameterServerStrategy(cluster, "fixed:2", sync=args.sync)
         for name in args.inputs.split(","):
-            model = build(strategy, args.batches * BATCH)
+            model = build(strategy, args.batches * BATCH, args.tfra, name=f"rows_{name}")
             if args.steps_per_execution != 1:
                 model.compile(model.optimizer, model.loss, steps_per_execution=args.steps_per_execution)
             x, y = inputs_of(name, args.break_input, args.batches)
@@ -128,7 +150,7 @@ def main(argv=None) -> int:
 
             class Rows(tf.keras.callbacks.Callback):
                 def on_epoch_end(self, epoch, logs=None):
-                    per_epoch.append(tf_psx.unsharded_weights(model)[0][:, 0].tolist())
+                    per_epoch.append(rows_of(model, args.batches * BATCH, args.tfra, f"rows_{name}"))
 
             slow = Straggler(cluster.pid("worker", 0)) if args.straggler else None
             try:
@@ -138,7 +160,7 @@ def main(argv=None) -> int:
                 if slow is not None:
                     slow.stop()
             print("RESULT " + json.dumps({
-                "input": name, "workers": args.workers, "sync": args.sync, "epochs": len(history.history["loss"]),
+                "input": name, "workers": args.workers, "sync": args.sync, "tfra": args.tfra, "epochs": len(history.history["loss"]),
                 "steps": int(model.optimizer.iterations.numpy()), "rows": per_epoch, "batches": args.batches,
                 # A sync step applies the mean of one batch per worker: an example's gradient is 1 / workers of it.
                 "grad": GRAD / (args.workers if args.sync else 1),

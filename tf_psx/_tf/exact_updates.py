@@ -44,6 +44,7 @@ import weakref
 import tensorflow as tf
 
 from tf_psx._tf import keras as _tf_keras, tfra as _tfra
+from tf_psx.errors import TFRAOptimizerError
 
 # Attribute names on the optimizer instance.
 _STATE_ATTR = "_tf_psx_update_locks"
@@ -561,6 +562,50 @@ def inexact_reason(optimizer, strategy) -> str | None:
     return None
 
 
+def adopt_exact_optimizer(model) -> None:
+    """Under a strategy with exact updates: a legacy optimizer becomes its current twin, TFRA layers get exact updates.
+
+    A legacy optimizer (`tf.keras.optimizers.legacy.*`) applies its update
+    through TF's fused kernels, outside the per-variable lock, and its Adam
+    bias correction reads the global step. The current class of the same
+    name computes the same update, so it replaces it, with the same
+    settings (logged once per model); without a twin
+    (`_tfra.current_optimizer_for` is None) the compile warning says so.
+
+    A model with TFRA's own layers (`de.keras.layers.Embedding`,
+    `SquashedEmbedding`) failed with 2 workers under TF alone, as in TFRA's
+    own parameter-server demo ("Cannot update variable with shape [63,32]
+    using a Tensor with shape [64,32]"): the workers shared the shadows
+    (made per worker by `tf_psx._tf.shadows`) and the update wrote rows back
+    as values outside any lock. Its optimizer is wrapped by TFRA if the user
+    left that out, and the table updates go through `tfra_apply_gradients_fn`.
+    tf_psx's own DynamicEmbedding is handled by its compile hook.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or getattr(optimizer, "_tf_psx_tfra_wrapped", False):
+        return
+    tfra_layers = _tfra.model_has_tfra_layers(model) and not _tfra.model_has_dynamic_embedding(model)
+    bp_v2 = bool(vars(optimizer).get("_bp_v2", False))
+    if isinstance(optimizer, _tf_keras.keras().optimizers.legacy.Optimizer):
+        replacement = _tfra.current_optimizer_for(optimizer)
+        if replacement is None:
+            if tfra_layers:
+                raise TFRAOptimizerError(
+                    f"Model {model.name} has TFRA layers and the legacy optimizer {type(optimizer).__qualname__}, "
+                    "which has no current tf.keras twin with these settings; its table updates cannot be made "
+                    f"exact under several async workers. Received: {optimizer.get_config()}. Fix: compile with a "
+                    "tf.keras.optimizers optimizer (wrapped in de.DynamicEmbeddingOptimizer as before).")
+            return
+        logging.getLogger("tf_psx").info(
+            "Model %s: the legacy %s was replaced by tf.keras.optimizers.%s with the same settings, so that "
+            "every update is exact under several async workers.",
+            model.name, type(optimizer).__name__, type(replacement).__name__)
+        optimizer = replacement
+    if tfra_layers:
+        optimizer = _tfra.wrap_tfra_optimizer(optimizer, bp_v2=bp_v2)
+    model.optimizer = optimizer
+
+
 def install_compile_warning() -> None:
     """Makes tf-keras `Model.compile` warn when its optimizer is not exact under the strategy."""
     global _COMPILE_HOOKED  # pylint: disable=global-statement
@@ -572,6 +617,8 @@ def install_compile_warning() -> None:
 
         def compile(self, *args, **kwargs):  # pylint: disable=redefined-builtin
             result = original_compile(self, *args, **kwargs)
+            if getattr(self.distribute_strategy, "exact_updates", False):
+                adopt_exact_optimizer(self)
             reason = inexact_reason(getattr(self, "optimizer", None), self.distribute_strategy)
             if reason:
                 logging.getLogger("tf_psx").warning("Model %s: %s", self.name, reason)

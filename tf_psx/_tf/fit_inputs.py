@@ -324,9 +324,18 @@ def _with_coordinator(model) -> bool:
     return is_parameter_server_strategy(model.distribute_strategy)
 
 
-def _fed_input(x) -> bool:
-    """True for what the coordinator reads: all but a `DatasetCreator` and an already distributed dataset."""
-    return not isinstance(x, keras().utils.experimental.DatasetCreator) and not data_adapter._is_distributed_dataset(x)  # pylint: disable=protected-access
+def _fed_input(x):
+    """What the coordinator reads for `x`, or None for TF's per-worker path (a `DatasetCreator`).
+
+    `strategy.experimental_distribute_dataset(dataset)` (TFRA's demo passes
+    it to fit) gave every worker its own copy of the whole dataset; its
+    dataset is read by the coordinator instead, like any other.
+    """
+    if isinstance(x, keras().utils.experimental.DatasetCreator):
+        return None
+    if data_adapter._is_distributed_dataset(x):  # pylint: disable=protected-access
+        return getattr(x, "_original_dataset", None)  # None: already built on the workers, TF's path
+    return x
 
 
 class CoordinatorProgbar(keras().callbacks.ProgbarLogger):
@@ -462,9 +471,14 @@ def _get_data_handler(original):
     def get_data_handler(*args, **kwargs):
         model = kwargs.get("model")
         x = kwargs["x"] if "x" in kwargs else (args[0] if args else None)
-        if (getattr(model, "_cluster_coordinator", None) is not None and not kwargs.get("pss_evaluation_shards")
-                and _fed_input(x)):
-            return _FedDataHandler(*args, **kwargs)
+        if getattr(model, "_cluster_coordinator", None) is not None and not kwargs.get("pss_evaluation_shards"):
+            fed = _fed_input(x)
+            if fed is not None:
+                if "x" in kwargs:
+                    kwargs["x"] = fed
+                else:
+                    args = (fed,) + tuple(args[1:])
+                return _FedDataHandler(*args, **kwargs)
         return original(*args, **kwargs)
 
     return get_data_handler

@@ -158,15 +158,15 @@ def admission_of(params):
     return getattr(params, ADMISSION_ATTR, None)
 
 
-def _model_has_dynamic_embedding(model) -> bool:
+def model_has_dynamic_embedding(model) -> bool:
     return any(getattr(layer, HASH_TABLE_LAYER_ATTR, False) for layer in model._flatten_layers())  # pylint: disable=protected-access
 
 
-def wrap_tfra_optimizer(optimizer):
-    """Applies TFRA's DynamicEmbeddingOptimizer to `optimizer` once; returns it."""
+def wrap_tfra_optimizer(optimizer, bp_v2: bool = False):
+    """Applies TFRA's DynamicEmbeddingOptimizer to `optimizer` once (if the user did not), and tf_psx's exact apply; returns it."""
     if optimizer is None or getattr(optimizer, "_tf_psx_tfra_wrapped", False):
         return optimizer
-    wrapped = tfra().DynamicEmbeddingOptimizer(optimizer)
+    wrapped = optimizer if _tfra_wrapped(optimizer) else tfra().DynamicEmbeddingOptimizer(optimizer, bp_v2=bp_v2)
     wrapped._tf_psx_tfra_wrapped = True  # pylint: disable=protected-access
     # TFRA's apply writes rows back as values: exact only with one worker.
     # tf_psx's locks every table update under a strategy with exact_updates.
@@ -176,6 +176,40 @@ def wrap_tfra_optimizer(optimizer):
     tfra_fn = wrapped.__dict__["_distributed_apply_gradients_fn"]
     wrapped._distributed_apply_gradients_fn = _exact_updates.tfra_apply_gradients_fn(wrapped, tfra_fn)  # pylint: disable=protected-access
     return wrapped
+
+
+def _tfra_wrapped(optimizer) -> bool:
+    """True once TFRA's `DynamicEmbeddingOptimizer` patched `optimizer` (it sets `_bp_v2` on the instance)."""
+    return "_bp_v2" in vars(optimizer)
+
+
+def model_has_tfra_layers(model) -> bool:
+    """True for a model with a layer of TFRA's own (`de.keras.layers.Embedding`, `SquashedEmbedding`, ...)."""
+    return any(type(layer).__module__.startswith("tensorflow_recommenders_addons")
+               for layer in model._flatten_layers())  # pylint: disable=protected-access
+
+
+def current_optimizer_for(optimizer):
+    """The current tf-keras optimizer with a legacy optimizer's settings, or None when there is none.
+
+    A legacy optimizer (`tf.keras.optimizers.legacy.*`) applies its update
+    through TF's fused kernels, outside tf_psx's per-variable lock, and its
+    Adam bias correction reads the global step: several async workers lose or
+    mix updates. The current class of the same name computes the same update
+    (Adam: `lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)` in both).
+    None when the class has no current twin or a setting has no meaning there
+    (`decay` != 0).
+    """
+    import inspect  # pylint: disable=import-outside-toplevel
+
+    current = getattr(keras().optimizers, type(optimizer).__name__, None)
+    if current is None or not isinstance(current, type):
+        return None
+    config = optimizer.get_config()
+    if config.pop("decay", 0.0):
+        return None
+    accepted = inspect.signature(current.__init__).parameters
+    return current.from_config({key: value for key, value in config.items() if key in accepted})
 
 
 _TFRA_HOOK_INSTALLED = False
@@ -200,7 +234,7 @@ def install_tfra_optimizer_hook() -> None:
 
     def compile(self, optimizer="rmsprop", *args, **kwargs):  # pylint: disable=redefined-builtin
         original_compile(self, optimizer, *args, **kwargs)
-        if _model_has_dynamic_embedding(self):
+        if model_has_dynamic_embedding(self):
             self.optimizer = wrap_tfra_optimizer(self.optimizer)
             for layer in self._flatten_layers():  # pylint: disable=protected-access
                 if getattr(layer, HASH_TABLE_LAYER_ATTR, False):
@@ -216,7 +250,7 @@ def install_tfra_optimizer_hook() -> None:
     original_save = model_class.save
 
     def save(self, filepath, *args, **kwargs):
-        if _model_has_dynamic_embedding(self):
+        if model_has_dynamic_embedding(self):
             raise DynamicEmbeddingSaveError(
                 f"Model {self.name} holds a tf_psx.layers.DynamicEmbedding; Model.save({str(filepath)!r}) would "
                 "write a SavedModel that needs TFRA's ops to load and cannot serve in plain TensorFlow or TF "

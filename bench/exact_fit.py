@@ -1,0 +1,171 @@
+"""Examples/s of exact `fit` (the coordinator reads the input) against per-worker input, and the progress bar's cost.
+
+Model: the 26-feature Criteo-shaped model of bench/fused_embeddings.py
+(`FeatureEmbeddings`, MLP 400-400-400, Adagrad, batch 512 per step),
+2 worker and 2 ps task processes, `steps_per_execution=1`, prefetch 4.
+
+Variants, each in a fresh process:
+* creator: `fit(DatasetCreator(fn), steps_per_epoch=N)`, each worker reading
+  its own copy of the arrays (TF's per-worker path: no exact epochs);
+* exact: `fit(dataset, epochs=...)` of the same arrays as a finite
+  `tf.data.Dataset` of N batches: the coordinator reads and sends them;
+* exact_verbose: the same with `verbose=1` (tf_psx's throttled progress
+  bar, its output to a pipe);
+* creator_straggler, exact_straggler: worker 0 stopped for 20 ms of every
+  30 ms (SIGSTOP/SIGCONT from another process: 3x slower).
+
+Each process fits one warm-up epoch (the trace) and times the second; the
+examples/s and the CPU ms per step of every process are read over it. The
+variants run interleaved, in ROUNDS rounds (each round in another order);
+every ratio is reported as its median and its spread (min-max) over the
+rounds, and called met or missed only when the spread does not straddle
+the target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+STEPS = 150  # batches of one epoch (warm-up epoch, then the timed one)
+ROUNDS = 5
+WORKERS = 2
+VARIANTS = ["creator", "exact", "exact_verbose", "creator_straggler", "exact_straggler"]
+STOP_S, RUN_S = 0.020, 0.010
+
+
+class _Straggler:
+    """Stops a task process for STOP_S of every STOP_S + RUN_S seconds (3x slower), from a process of its own."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        loop = (f"import os, signal, time\nwhile True:\n    os.kill({pid}, signal.SIGSTOP); time.sleep({STOP_S})\n"
+                f"    os.kill({pid}, signal.SIGCONT); time.sleep({RUN_S})\n")
+        self._process = subprocess.Popen([sys.executable, "-c", loop])
+
+    def stop(self) -> None:
+        self._process.kill()
+        self._process.wait()
+        os.kill(self.pid, signal.SIGCONT)
+
+
+def child(variant: str) -> None:
+    import tf_psx  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from _common import _cpu_ms  # pylint: disable=import-outside-toplevel
+    from fused_embeddings import BATCH, batches, build  # pylint: disable=import-outside-toplevel
+
+    cluster = tf_psx.LocalCluster(num_workers=WORKERS, num_ps=2, processes=True).start()
+    slow = None
+    try:
+        strategy = tf_psx.ParameterServerStrategy(
+            cluster, tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
+        with strategy.scope():
+            model, _, _ = build("fused", 26)
+        ids, dense, labels = batches(26, STEPS)
+        features = dict(ids, numeric=dense)
+        pids = dict(cluster.task_pids(), coordinator=os.getpid())
+        marks = {}
+
+        class Timer(tf.keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                if epoch == 1:
+                    marks["cpu"] = {name: _cpu_ms(pid) for name, pid in pids.items()}
+                    marks["start"] = time.perf_counter()
+
+            def on_epoch_end(self, epoch, logs=None):
+                if epoch == 1:
+                    marks["seconds"] = time.perf_counter() - marks["start"]
+                    marks["cpu"] = {name: (_cpu_ms(pid) - marks["cpu"][name]) / STEPS for name, pid in pids.items()}
+
+        if variant.endswith("straggler"):
+            slow = _Straggler(cluster.pid("worker", 0))
+        verbose = 1 if variant.endswith("verbose") else 0
+        if variant.startswith("creator"):
+            def dataset_fn(_ctx):
+                return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(BATCH).prefetch(4)
+
+            model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2, steps_per_epoch=STEPS,
+                      verbose=verbose, callbacks=[Timer()])
+        else:
+            dataset = tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH).prefetch(4)
+            model.fit(dataset, epochs=2, verbose=verbose, callbacks=[Timer()])
+        applied = int(model.optimizer.iterations.numpy())
+    finally:
+        if slow is not None:
+            slow.stop()
+        cluster.stop()
+    print("RESULT " + json.dumps({"examples_per_s": STEPS * BATCH / marks["seconds"], "cpu_ms_per_step": marks["cpu"],
+                                  "steps": applied}), flush=True)
+
+
+def _run(variant: str) -> dict:
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", variant], capture_output=True,
+                         text=True, timeout=900, check=False)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"{variant} failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _ratio_row(metric: str, values: list[float], target: float | None, higher_is_better: bool = True) -> dict:
+    low, high, median = min(values), max(values), statistics.median(values)
+    ok = None
+    if target is not None:
+        if (low >= target) if higher_is_better else (high <= target):
+            ok = True
+        elif (high < target) if higher_is_better else (low > target):
+            ok = False
+        else:
+            ok = None  # the spread straddles the target: not judged
+    row = {"metric": metric, "value": round(median, 3), "unit": f"x (spread {low:.3f}-{high:.3f})", "ok": ok}
+    if target is not None:
+        row["target"] = f"{'>=' if higher_is_better else '<='} {target}"
+    return row
+
+
+def main() -> None:
+    from _common import machine, write_result  # pylint: disable=import-outside-toplevel
+
+    runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    for round_index in range(ROUNDS):
+        order = VARIANTS[round_index % len(VARIANTS):] + VARIANTS[:round_index % len(VARIANTS)]
+        for variant in order:
+            result = _run(variant)
+            runs[variant].append(result)
+            print(f"round {round_index + 1} {variant}: {result['examples_per_s']:.0f} examples/s", flush=True)
+
+    def ratios(a: str, b: str) -> list[float]:
+        return [x["examples_per_s"] / y["examples_per_s"] for x, y in zip(runs[a], runs[b])]
+
+    def median_of(variant: str, key: str = "examples_per_s") -> float:
+        return statistics.median(r[key] for r in runs[variant])
+
+    rows = [
+        _ratio_row("exact / per-worker, equal workers", ratios("exact", "creator"), 0.95),
+        _ratio_row("exact / per-worker, one 3x straggler", ratios("exact_straggler", "creator_straggler"), 0.9),
+        _ratio_row("verbose=1 / verbose=0 (exact)", ratios("exact_verbose", "exact"), 0.98),
+    ]
+    for variant in VARIANTS:
+        cpu = statistics.median(r["cpu_ms_per_step"]["coordinator"] for r in runs[variant])
+        rows.append({"metric": f"{variant}: examples/s", "value": round(median_of(variant)), "unit": "examples/s"})
+        rows.append({"metric": f"{variant}: coordinator CPU", "value": round(cpu, 2), "unit": "ms/step"})
+    setup = (f"26-feature Criteo-shaped model (FeatureEmbeddings, MLP 400-400-400, Adagrad), batch 512, "
+             f"{WORKERS} workers + 2 ps task processes, steps_per_execution=1, prefetch 4; {STEPS} timed steps after "
+             f"a warm-up epoch; {ROUNDS} interleaved rounds, a fresh process per run; median and spread (min-max)")
+    write_result("exact_fit", setup, rows, extra={"runs": runs, "machine": machine()})
+
+
+if __name__ == "__main__":
+    from _common import entry  # pylint: disable=import-outside-toplevel
+
+    entry(child, main, 1)
