@@ -258,9 +258,9 @@ def test_a_chief_killed_mid_epoch_resumes_fit_with_every_record_applied_once(tmp
     with LaunchRun([*common, "--log-dir", str(tmp_path / "first")], args) as run:
         _, start = run.wait_for(FEED_START_RE)
         deadline = time.monotonic() + 240
-        while not (snapshots / "snapshot-40").exists() and time.monotonic() < deadline:
+        while not _snapshot_path(snapshots, 40).exists() and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert (snapshots / "snapshot-40").exists(), run.output[-3000:]
+        assert _snapshot_path(snapshots, 40).exists(), run.output[-3000:]
         time.sleep(0.1)  # about 5 batches past the checkpoint
         os.kill(int(start["pid"]), signal.SIGKILL)
         code = run.wait()
@@ -281,6 +281,13 @@ def test_a_chief_killed_mid_epoch_resumes_fit_with_every_record_applied_once(tmp
     assert max(abs(row + FEED_LR / FEED_BATCH) for row in rows) <= 1e-6, sorted(set(rows))
 
 
+def _snapshot_path(directory, step: int):
+    """The committed snapshot of `step` in `directory` (PeriodicSync's naming)."""
+    from tf_psx import snapshots as _snapshots  # pylint: disable=import-outside-toplevel
+
+    return directory / f"{_snapshots.SNAPSHOT_PREFIX}{step:0{_snapshots.STEP_DIGITS}d}"
+
+
 def _wait_for_file(path, run: LaunchRun, timeout: float = 240) -> None:
     import time  # pylint: disable=import-outside-toplevel
 
@@ -297,13 +304,13 @@ def test_scaling_a_fit_two_to_four_to_one_trains_every_record_once(tmp_path):
     with LaunchRun(["--workers", "2", "--ps", "1", "--snapshot-dir", str(snapshots), "--log-dir", str(tmp_path)],
                    args) as run:
         index, first = run.wait_for(FEED_START_RE)
-        _wait_for_file(snapshots / "snapshot-20", run)
+        _wait_for_file(_snapshot_path(snapshots, 20), run)
         assert _scale(tmp_path, 4).returncode == 0
         index, _ = run.wait_for(r"^tf-psx launch: scaling from 2 to 4 workers", start=index)
         index, _ = run.wait_for(r"^\[worker:3\] tf_psx.server ready worker:3", start=index)
         index, second = run.wait_for(FEED_START_RE, start=index)
         resumed = int(second["step"])
-        _wait_for_file(snapshots / f"snapshot-{resumed + 20}", run)
+        _wait_for_file(_snapshot_path(snapshots, resumed + 20), run)
         assert _scale(tmp_path, 1).returncode == 0
         index, _ = run.wait_for(r"^tf-psx launch: scaling from 4 to 1 workers", start=index)
         index, third = run.wait_for(FEED_START_RE, start=index)

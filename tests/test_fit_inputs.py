@@ -181,3 +181,37 @@ def test_train_test_and_predict_on_batch_equal_one_process(ps_strategy):
     # fit afterwards still runs on the workers.
     remote.fit(ids, labels, batch_size=8, epochs=1, verbose=0)
     assert int(remote.optimizer.iterations.numpy()) == 5
+
+
+def test_verbose_1_shows_keras_progress_bar_under_the_strategy(ps_strategy, capsys):
+    # tf-keras alone: "`verbose=1` is not allowed with `ParameterServerStrategy` for performance reasons".
+    ids = np.arange(40, dtype=np.int64)
+    remote = fit_parts.build(ps_strategy, 40)
+    history = remote.fit(ids, fit_parts.labels_of(ids), batch_size=8, epochs=2, verbose=1,
+                         validation_data=(ids[:16], fit_parts.labels_of(ids[:16])))
+    out = capsys.readouterr().out
+    # Keras's bar: the epoch line, then "5/5 [====...] - ... - loss: ... - val_loss: ..." at the epoch's end.
+    assert "Epoch 1/2" in out and "Epoch 2/2" in out, out
+    last_lines = [line for line in out.replace("\r", "\n").splitlines() if line.startswith("5/5 [")]
+    assert len(last_lines) == 2 and all("loss:" in line and "val_loss:" in line for line in last_lines), out
+    # The bar's numbers are the epoch's logs.
+    final = float(last_lines[-1].split(" - loss: ")[1].split()[0])
+    assert final == pytest.approx(history.history["loss"][-1], abs=1e-3)
+    # evaluate(verbose=1) too.
+    remote.evaluate(ids, fit_parts.labels_of(ids), batch_size=8, verbose=1)
+    assert "5/5 [" in capsys.readouterr().out
+
+
+def test_a_batch_level_callback_runs_and_sees_every_step(ps_strategy, caplog):
+    # tf-keras alone: "Batch-level `Callback`s are not supported with `ParameterServerStrategy`".
+    seen = []
+
+    class Losses(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append((batch, float(logs["loss"])))
+
+    ids = np.arange(24, dtype=np.int64)
+    remote = fit_parts.build(ps_strategy, 24)
+    remote.fit(ids, fit_parts.labels_of(ids), batch_size=8, epochs=2, verbose=0, callbacks=[Losses()])
+    assert [batch for batch, _ in seen] == [0, 1, 2, 0, 1, 2]
+    assert "Batch-level callbacks ['Losses'] read every step's logs" in caplog.text

@@ -157,23 +157,30 @@ def main(argv=None) -> int:
 
 
 def warn_check(strategy) -> None:
-    """Compiles with an optimizer that cannot be exact; prints tf_psx's warnings as WARNED lines."""
+    """Compiles with legacy optimizers (with and without a current twin); prints tf_psx's notices as WARNED/INFO lines."""
     import logging  # pylint: disable=import-outside-toplevel
 
     class Collect(logging.Handler):
         def emit(self, record):
-            print("WARNED " + record.getMessage(), flush=True)
+            print(("WARNED " if record.levelno >= logging.WARNING else "INFO ") + record.getMessage(), flush=True)
 
-    handler = Collect(logging.WARNING)
-    logging.getLogger("tf_psx").addHandler(handler)
+    handler = Collect(logging.INFO)
+    logger = logging.getLogger("tf_psx")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
     try:
         with strategy.scope():
             model, _ = build_model("sharded")
             model.compile(tf.keras.optimizers.legacy.Adam(0.01), loss=lambda y, p: p)
+            assert type(model.optimizer) is tf.keras.optimizers.Adam, model.optimizer  # its current twin
+            model, _ = build_model("sharded")
+            model.compile(tf.keras.optimizers.legacy.Adam(0.01, decay=0.1), loss=lambda y, p: p)  # no twin
             model, _ = build_model("sharded")
             model.compile(tf.keras.optimizers.Adam(0.01), loss=lambda y, p: p)
     finally:
-        logging.getLogger("tf_psx").removeHandler(handler)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dict:

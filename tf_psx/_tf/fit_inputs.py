@@ -493,6 +493,31 @@ def _schedule(original):
     return wrapped_like(schedule, original)
 
 
+def _allow_batch_hooks(original):
+    """tf-keras refuses batch-level callbacks under a coordinator; under tf_psx's strategy they run, with a warning.
+
+    Their logs are read for every step, so the coordinator waits for each
+    step before the next is scheduled (keras-io's callbacks, a user's
+    `on_train_batch_end`): correct, and slower. A callback that reads no
+    logs can say so with `self._supports_tf_logs = True`.
+    """
+    def disallow_batch_hooks_in_ps_strategy(self):
+        strategy = tf.distribute.get_strategy()
+        if not hasattr(strategy, "exact_updates"):  # TF's own class: TF's refusal
+            return original(self)
+        slow = [type(cb).__name__ for cb in self.callbacks
+                if not getattr(cb, "_supports_tf_logs", False)
+                and (cb._implements_train_batch_hooks() or cb._implements_test_batch_hooks())]  # pylint: disable=protected-access
+        if slow:
+            logger.warning(
+                "Batch-level callbacks %s read every step's logs, so the coordinator waits for each step before "
+                "scheduling the next. Fix (if a callback reads no logs): set `self._supports_tf_logs = True` in "
+                "its __init__.", slow)
+        return None
+
+    return disallow_batch_hooks_in_ps_strategy
+
+
 def install() -> None:
     """Makes the coordinator read fit's and evaluate's input, and wraps `*_on_batch` (once)."""
     global _INSTALLED  # pylint: disable=global-statement
@@ -536,6 +561,9 @@ def install() -> None:
         model_class.test_on_batch = _on_batch(model_class.test_on_batch, coordinated=True)
         model_class.predict_on_batch = _on_batch(model_class.predict_on_batch, coordinated=False)
         data_adapter.get_data_handler = _get_data_handler(data_adapter.get_data_handler)
+        callback_list = keras().callbacks.CallbackList
+        callback_list._disallow_batch_hooks_in_ps_strategy = _allow_batch_hooks(  # pylint: disable=protected-access
+            callback_list._disallow_batch_hooks_in_ps_strategy)  # pylint: disable=protected-access
         coordinator_class = _cluster_coordinator.ClusterCoordinator
         coordinator_class.schedule = _schedule(coordinator_class.schedule)
         _INSTALLED = True
