@@ -92,6 +92,7 @@ class _FedIterator:
         self._iterator = iterator
         self._handler = handler
         self._ended = False
+        self.layouts = handler.layouts
 
     def take(self, count: int) -> list:
         """The next `count` batches (fewer at the end); StopIteration when none is left."""
@@ -117,50 +118,152 @@ def _dense(value) -> bool:
     return isinstance(value, (tf.Tensor, np.ndarray)) or np.isscalar(value)
 
 
-def _groups(batches: list) -> list[list]:
-    """Consecutive batches that can be stacked into one tensor per input (same shapes, dense), in order."""
-    groups: list[list] = []
-    last_key = None
-    for batch in batches:
+class _Layout:
+    """How a batch's dense components travel: one flat vector per dtype, and where each component sits in it.
+
+    Sending a batch of 28 tensors (26 id features, the dense features, the
+    labels) cost the coordinator 2.4 ms per step in `schedule` and each
+    tensor its own transfer; packed into one vector per dtype, 1.3 ms.
+    Hashable: a runner is traced once per layout.
+    """
+
+    def __init__(self, batch):
         flat = tf.nest.flatten(batch)
-        key = tuple(tuple(np.shape(t)) for t in flat) if all(_dense(t) for t in flat) else None
-        if key is not None and key == last_key:
-            groups[-1].append(batch)
-        else:
-            groups.append([batch])
-        last_key = key
-    return groups
+        self.structure = tf.nest.map_structure(lambda _: None, batch)
+        dtypes: list = []
+        offsets: dict = {}
+        self.parts = []  # (dtype index, start, shape, dtype) per component
+        for value in flat:
+            dtype = tf.as_dtype(value.dtype)
+            if dtype not in dtypes:
+                dtypes.append(dtype)
+            start = offsets.get(dtype, 0)
+            shape = tuple(int(d) for d in value.shape)
+            offsets[dtype] = start + int(np.prod(shape, dtype=np.int64))
+            self.parts.append((dtypes.index(dtype), start, shape, dtype))
+        self.dtypes = tuple(dtypes)
+        self._key = (repr(self.structure), tuple(self.parts))
+
+    def __eq__(self, other):
+        return isinstance(other, _Layout) and self._key == other._key
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def pack(self, batch) -> tuple:
+        """One tensor per dtype (numpy concatenation on the coordinator: no TF op per component)."""
+        flat = [np.asarray(value).reshape(-1) for value in tf.nest.flatten(batch)]
+        groups = [[] for _ in self.dtypes]
+        for (index, _, _, _), value in zip(self.parts, flat):
+            groups[index].append(value)
+        return tuple(tf.constant(np.concatenate(group) if len(group) > 1 else group[0], dtype)
+                     for group, dtype in zip(groups, self.dtypes))
+
+    def unpack(self, packed):
+        """The batch back from `pack`'s tensors (in a traced function: slices and reshapes)."""
+        values = [tf.reshape(packed[index][start:start + int(np.prod(shape, dtype=np.int64))], shape)
+                  for index, start, shape, _ in self.parts]
+        return tf.nest.pack_sequence_as(self.structure, values)
 
 
-def _fed_runner(fn, stacked: bool):
-    """`fn(iterator, *rest)` made `run(batches, *rest)`: the iterator is built on the worker from the batches."""
-    attribute = "_tf_psx_fed_stacked" if stacked else "_tf_psx_fed_single"
-    runner = getattr(fn, attribute, None)
-    if runner is None:
+# Layouts kept per input (one per batch shape seen: the full batches and a short last one).
+MAX_LAYOUTS = 64
+
+
+def _shape_of(value):
+    shape_tuple = getattr(value, "_shape_tuple", None)  # an EagerTensor's, without building a TensorShape
+    return shape_tuple() if shape_tuple is not None else np.shape(value)
+
+
+def _layout_of(batch, layouts: dict):
+    """The batch's `_Layout`, or None when a component is not dense (sparse, ragged): it travels as it is.
+
+    `layouts` caches them for one input, whose batches share one structure,
+    by the components' shapes and dtypes (building one costs 0.4 ms for 28
+    components; looking it up, 0.03 ms).
+    """
+    flat = tf.nest.flatten(batch)
+    if not flat or not all(_dense(value) for value in flat):
+        return None
+    key = tuple((_shape_of(value), getattr(value, "dtype", None)) for value in flat)
+    layout = layouts.get(key)
+    if layout is None:
+        if len(layouts) >= MAX_LAYOUTS:
+            layouts.clear()
+        layout = layouts[key] = _Layout(batch)
+    return layout
+
+
+class _OneBatch:
+    """The iterator tf-keras's train and test functions read: its one batch (steps_per_execution=1)."""
+
+    def __init__(self, batch):
+        self._batch = batch
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self._batch
+
+
+def _runner(fn, layout, stacked: bool):
+    """`fn(iterator, *rest)` made a function of the step's batches, traced once per (layout, stacked).
+
+    steps_per_execution=1: `fn`'s Python function reads the batch directly
+    (no dataset built per step on the worker). Otherwise `fn`'s loop reads a
+    dataset of the batches (stacked when there are several).
+    """
+    cache = fn.__dict__.setdefault("_tf_psx_runners", {})
+    key = (layout, stacked)
+    if key not in cache:
+        python_function = getattr(fn, "python_function", None)
+
         def run(batches, *rest):
-            data = (tf.data.Dataset.from_tensor_slices(batches) if stacked
-                    else tf.data.Dataset.from_tensors(batches))
+            if not stacked and not rest and python_function is not None:  # steps_per_execution=1
+                batch = layout.unpack(batches) if layout is not None else batches
+                return python_function(_OneBatch(batch), *rest)
+            if stacked:
+                data = tf.data.Dataset.from_tensor_slices(batches)
+                if layout is not None:
+                    data = data.map(lambda *parts: layout.unpack(parts))  # a tuple element: one argument each
+            else:
+                data = tf.data.Dataset.from_tensors(layout.unpack(batches) if layout is not None else batches)
             return fn(iter(data), *rest)
 
-        runner = tf.function(run, reduce_retracing=True)
-        setattr(fn, attribute, runner)
-    return runner
+        cache[key] = tf.function(run, reduce_retracing=True)
+    return cache[key]
+
+
+def _groups(batches: list, layouts: dict) -> list[tuple]:
+    """(layout, batches) of consecutive batches with one layout (None: not dense), in order."""
+    groups: list[tuple] = []
+    for batch in batches:
+        layout = _layout_of(batch, layouts)
+        if groups and layout is not None and groups[-1][0] == layout:
+            groups[-1][1].append(batch)
+        else:
+            groups.append((layout, [batch]))
+    return groups
 
 
 def _schedule_fed(coordinator, schedule, fn, fed: _FedIterator, rest: tuple):
     """Reads the step's batches and schedules `fn` with them; returns the last step's RemoteValue."""
     count = int(rest[0]) if rest else 1  # tf-keras passes steps_per_execution when it is not 1
     result = None
-    for group in _groups(fed.take(count)):
-        if len(group) == 1:
-            args = (group[0],)
-            runner = _fed_runner(fn, stacked=False)
+    for layout, group in _groups(fed.take(count), fed.layouts):
+        if layout is None:
+            singles = [((batch,), False) for batch in group]
+        elif len(group) == 1:
+            singles = [((layout.pack(group[0]),), False)]
         else:
-            args = (tf.nest.map_structure(lambda *parts: tf.stack(parts), *group),)
-            runner = _fed_runner(fn, stacked=True)
-        if rest:
-            args += (tf.constant(len(group), tf.convert_to_tensor(rest[0]).dtype),)
-        result = schedule(coordinator, runner, args=args)
+            packed = [layout.pack(batch) for batch in group]
+            singles = [((tuple(tf.stack(parts) for parts in zip(*packed)),), True)]
+        for args, stacked in singles:
+            steps = len(group) if stacked else 1
+            if rest:
+                args += (tf.constant(steps, tf.convert_to_tensor(rest[0]).dtype),)
+            result = schedule(coordinator, _runner(fn, layout, stacked), args=args)
     return result
 
 
@@ -188,6 +291,7 @@ class _FedDataHandler(data_adapter.DataHandler):
         self._class_weight = class_weight
         self.fed = 0  # batches fed in this epoch
         self._epoch_start = 0
+        self.layouts: dict = {}  # _layout_of's cache for this input
 
     def _positioned(self, epoch: int, fresh_each_epoch: bool):
         """This epoch's iterator, at the step fit starts from (after a resume)."""
