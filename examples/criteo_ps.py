@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     # Task processes: the ps memory shows in ClusterMonitor, and the example
     # runs as a real job would (an in-process cluster also works).
-    with tf_psx.LocalCluster(num_workers=args.workers, num_ps=2, processes=True) as cluster:
+    # Alone: a LocalCluster; under `tf-psx launch` (TF_CONFIG set): the launched cluster.
+    with tf_psx.launched_or(tf_psx.LocalCluster(num_workers=args.workers, num_ps=2, processes=True)) as cluster:
         strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2")
         with strategy.scope():
             model = build_model()

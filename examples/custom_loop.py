@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> dict:
     data = synthetic_ctr(NUM_EXAMPLES, NUM_FIELDS, VOCAB_SIZE, seed=2)
     train, holdout = data.split(HOLDOUT_FRACTION)
     start = time.time()
-    with tf_psx.LocalCluster(num_workers=2, num_ps=2, processes=args.processes) as cluster:
+    # Alone: a LocalCluster; under `tf-psx launch` (TF_CONFIG set): the launched cluster.
+    with tf_psx.launched_or(tf_psx.LocalCluster(num_workers=2, num_ps=2, processes=args.processes)) as cluster:
         strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2")
         coordinator = strategy.coordinator
         with strategy.scope():

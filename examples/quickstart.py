@@ -1,7 +1,9 @@
 """Quickstart: train a click model on a local parameter-server cluster.
 
-Starts a LocalCluster (2 workers, 2 ps), shards the embedding table over the
-ps tasks, trains with `model.fit`, and compares the holdout AUC with the best
+Starts a LocalCluster (2 workers, 2 ps), or uses the launched cluster under
+`tf-psx launch` (TF_CONFIG set), shards the embedding table over the ps
+tasks, trains with `model.fit(x, y, epochs=...)` (each epoch trains every
+example exactly once), and compares the holdout AUC with the best
 AUC possible on the data (the planted model's), and the holdout log loss with
 that of the best constant guess (the click rate). Exits 1 when the model does
 not clearly beat chance.
@@ -9,7 +11,8 @@ not clearly beat chance.
 `main()` returns the numbers as a dict; run as a script, the last line printed
 is `RESULT {...}`, that dict as JSON (tests/test_examples.py reads it).
 
-    python examples/quickstart.py [--steps 300] [--processes]
+    python examples/quickstart.py [--epochs 8] [--processes]
+    tf-psx launch --workers 2 --ps 1 -- python examples/quickstart.py
 """
 
 from __future__ import annotations
@@ -51,15 +54,15 @@ def build_model(num_rows: int) -> tf.keras.Model:
 def main(argv: list[str] | None = None) -> dict:
     """Trains and evaluates; returns the holdout numbers (see the end of this function)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2400, help="training steps in all")
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=8, help="passes over the training rows (313 steps each)")
     parser.add_argument("--processes", action="store_true", help="run tasks as processes")
     args = parser.parse_args(argv)
 
     data = synthetic_ctr(NUM_EXAMPLES, NUM_FIELDS, VOCAB_SIZE, seed=0)
     train, holdout = data.split(HOLDOUT_FRACTION)
     start = time.time()
-    with tf_psx.LocalCluster(num_workers=2, num_ps=2, processes=args.processes) as cluster:
+    # Alone: a LocalCluster; under `tf-psx launch` (TF_CONFIG set): the launched cluster.
+    with tf_psx.launched_or(tf_psx.LocalCluster(num_workers=2, num_ps=2, processes=args.processes)) as cluster:
         strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2")
         with strategy.scope():
             model = build_model(data.num_rows)
@@ -68,17 +71,9 @@ def main(argv: list[str] | None = None) -> dict:
                 tf.keras.optimizers.Adagrad(0.05), "binary_crossentropy", steps_per_execution=10
             )
 
-        def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-            ds = tf.data.Dataset.from_tensor_slices((train.ids, train.labels))
-            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-            return ds.shuffle(10_000, seed=input_context.input_pipeline_id).repeat().batch(BATCH_SIZE)
-
-        history = model.fit(
-            tf.keras.utils.experimental.DatasetCreator(dataset_fn),
-            epochs=args.epochs,
-            steps_per_epoch=max(1, args.steps // args.epochs),
-            verbose=2 if not sys.stdout.isatty() else 1,
-        )
+        # As without a strategy: each epoch is one shuffled pass, every example trained exactly once.
+        history = model.fit(train.ids, train.labels, batch_size=BATCH_SIZE, epochs=args.epochs,
+                            verbose=2 if not sys.stdout.isatty() else 1)
         scores = tf.reshape(model(holdout.ids, training=False), [-1]).numpy()
     result = {
         **holdout_quality(holdout.labels, scores, holdout.probs),

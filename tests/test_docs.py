@@ -222,6 +222,9 @@ SHELL_EXCEPTIONS = {
     "make demo": "first pip-installs into .venv (network); tests/test_examples.py runs examples/quickstart.py, "
                  "what it then trains with, and test_make_targets_run_what_the_docs_say checks that it does",
     "make test": "the whole suite (tens of minutes), which includes this test",
+    "tf-psx launch --workers 2 --ps 1 -- python examples/quickstart.py":
+        "tests/test_first_hours.py::test_quickstart_is_quiet_and_runs_under_the_launcher runs it (one epoch) and "
+        "checks that the script trained on the launched cluster",
     "make install": "pip-installs the pinned stack into .venv from the package index (network)",
     "kubectl apply -f ctr.yaml": "needs a Kubernetes cluster with the Kubeflow training operator; "
                                  "tests/test_k8s.py validates the manifest against the TFJob v1 schema",

@@ -71,8 +71,8 @@ def test_a_broken_input_fails_the_check(ps_strategy):
 
 
 @pytest.mark.processes
-def test_two_workers_async_train_every_example_once_per_epoch():
-    _assert_exact(_results("--workers", "2", "--epochs", "2"), {"arrays", "dataset", "unknown"})
+def test_four_workers_async_train_every_example_once_per_epoch():
+    _assert_exact(_results("--workers", "4", "--epochs", "2"), {"arrays", "dataset", "unknown"})
 
 
 @pytest.mark.processes

@@ -7,6 +7,9 @@ that needs it is first used. The import routes `tf.keras` to tf-keras (see
 
 from __future__ import annotations
 
+from tf_psx import _quiet
+
+_quiet.quiet_cpp_logs()  # before TF loads: its C++ INFO lines (gRPC option dumps) off
 import importlib
 import logging as _logging
 
@@ -28,6 +31,7 @@ _EXPORTS = {
     "DynamicEmbeddingSaveError": "tf_psx.errors",
     "TFPSXError": "tf_psx.errors",
     "export_serving": "tf_psx.export",
+    "launched_or": "tf_psx.local",
     "unsharded_weights": "tf_psx.weights",
 }
 _SUBMODULES = ("partitioners", "data", "cluster", "local", "strategies", "optimizers", "layers", "tables", "callbacks", "launch", "weights", "errors")

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import numpy as np
 import tensorflow as tf
 
+from tf_psx.errors import SnapshotDirectoryError
 from tf_psx import _checks, deltas as _deltas, doctor as _doctor, metrics as _metrics, optimizers as _optimizers
 from tf_psx import snapshots as _snapshots, tables as _tables
 from tf_psx._tf import checkpoint as _checkpoint, exact_updates as _exact_updates, fit_hooks as _fit_hooks
@@ -621,6 +622,32 @@ def _restored_ids(status) -> set[int]:
     return _checkpoint.restored_ids(status)
 
 
+# The file PeriodicSync writes and removes to check its directory before the first step.
+_WRITE_CHECK_NAME = ".tf_psx-write-check"
+
+
+def _check_writable(directory, store) -> None:
+    """Raises SnapshotDirectoryError, naming PeriodicSync and the argument, when `directory` cannot be written.
+
+    A path under a file, under /proc, or an unreachable bucket failed at the
+    first snapshot with the filesystem's own text (NotADirectoryError,
+    FileNotFoundError, libcurl), which named neither.
+    """
+    probe = store.fs.join(directory, f"{_WRITE_CHECK_NAME}-{os.getpid()}")
+    try:
+        store.fs.makedirs(directory)
+        store.fs.write_bytes(probe, b"")
+        store.fs.remove_file(probe)
+    except Exception as err:  # pylint: disable=broad-except  (any filesystem's error: OSError, tf.errors, ...)
+        text = str(err).strip()
+        first = text.splitlines()[0][:200] if text else ""
+        raise SnapshotDirectoryError(
+            f"Argument `directory` of PeriodicSync cannot be written: {directory!r} ({type(err).__name__}: "
+            f"{first}). fit stopped before its first step. Fix: pass a directory this process can create and "
+            "write: a local path whose parents are directories, or a reachable gs://, s3:// or hdfs:// location."
+        ) from None
+
+
 class PeriodicSync(_RunCallback):
     """Every N steps: a barrier, then an atomic snapshot; fit resumes from the newest.
 
@@ -853,6 +880,7 @@ class PeriodicSync(_RunCallback):
                 experimental_io_device=getattr(self._options, "experimental_io_device", None),
                 experimental_enable_async_checkpoint=True)
         if self._writes:
+            _check_writable(self.directory, self._store)
             self._store.clean_temporaries()
         steps = (self.params or {}).get("steps")
         self.restored = self._restore_newest()

@@ -75,9 +75,11 @@ _ADDRESS_FORM = (
     '"host:port" (a hostname, IPv4 address or [IPv6] address, '
     f"then a port {PORT_RANGE[0]}..{PORT_RANGE[1]})"
 )
+# The chief's: the process that reads TF_CONFIG to build a strategy is the chief
+# (a "worker" task here leads to the next error, "this task is worker").
 _TF_CONFIG_EXAMPLE = (
-    f'{{"cluster": {{"worker": ["host1:{_EXAMPLE_PORT}"], "ps": ["host2:{_EXAMPLE_PORT}"]}}, '
-    '"task": {"type": "worker", "index": 0}}'
+    f'{{"cluster": {{"chief": ["host0:{_EXAMPLE_PORT}"], "worker": ["host1:{_EXAMPLE_PORT}"], '
+    f'"ps": ["host2:{_EXAMPLE_PORT}"]}}, "task": {{"type": "chief", "index": 0}}}}'
 )
 _HOST_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?"
 _HOSTNAME_RE = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*\Z")

@@ -29,6 +29,7 @@ __all__ = [
     "SyncStepError",
     "MetricsPortError",
     "TFRAOptimizerError",
+    "SnapshotDirectoryError",
 ]
 
 
@@ -62,6 +63,10 @@ class DynamicEmbeddingSaveError(TFPSXError, ValueError):
 
 class TFRAOptimizerError(TFPSXError, TypeError):
     """A model with TFRA layers compiled with an optimizer tf_psx cannot make exact; names the fix."""
+
+
+class SnapshotDirectoryError(TFPSXError, ValueError):
+    """PeriodicSync's `directory` cannot be created or written; checked before the first step."""
 
 
 class ManifestError(TFPSXError, ValueError):

@@ -97,6 +97,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from tf_psx import _quiet
 from tf_psx import _checks, _supervisor, doctor as _doctor, metrics as _metrics, server as _server
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig
@@ -402,6 +403,13 @@ class Launcher:
                 f"The command after `--` must start with a program that can be run; received "
                 f"{program!r}, which is {'not an executable file' if os.sep in program else 'not on PATH'}. "
                 f"Fix: give the program by its path or install it, e.g. -- {sys.executable} train.py."
+            )
+        script = _python_script(self.command)
+        if script is not None and not os.path.isfile(script):
+            raise LaunchError(
+                f"The command after `--` runs the Python script {script!r}, which does not exist (looked for in "
+                f"{os.getcwd()}); no task was started. Fix: give the script's path from this directory, e.g. "
+                f"-- {os.path.basename(program)} {os.path.join('examples', 'quickstart.py')}."
             )
         self.num_workers = _checks.int_at_least(workers, 1, "Option `--workers`", fix="pass e.g. --workers 2", error=LaunchError)
         self.num_ps = _checks.int_at_least(ps, 1, "Option `--ps`", fix="pass e.g. --ps 1", error=LaunchError)
@@ -885,6 +893,8 @@ class Launcher:
         return None if failed is None else self._give_up(failed, what)
 
     def _echo(self, task: _supervisor.TaskProcess, line: str) -> None:
+        if _quiet.is_noise(line):  # the task's log file keeps it
+            return
         with self._lock:
             self.out.write(f"[{task.name}] {line}\n")
             self.out.flush()
@@ -943,6 +953,18 @@ def request_scale(log_dir: str, workers: Any) -> int:
         ) from None
     _write_json(os.path.join(str(log_dir), SCALE_FILE), {"workers": int(workers)})
     return pid
+
+
+def _python_script(command: list[str]) -> str | None:
+    """The script a `python ... script.py ...` command runs, or None (not Python, or `-c` / `-m`)."""
+    if not os.path.basename(command[0]).startswith("python"):
+        return None
+    for part in command[1:]:
+        if part in ("-c", "-m"):
+            return None
+        if not part.startswith("-"):
+            return part
+    return None
 
 
 def _copy_lines(stream, target, lock: threading.Lock) -> None:

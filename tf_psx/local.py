@@ -11,6 +11,8 @@ Two modes:
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
 import sys
@@ -22,7 +24,10 @@ from tf_psx._tf import runtime as _runtime
 from tf_psx.cluster import ClusterConfig
 from tf_psx.errors import TaskFailedError
 
+logger = logging.getLogger("tf_psx")
+
 LOOPBACK = "127.0.0.1"
+TF_CONFIG_ENV = "TF_CONFIG"
 # A task process imports TensorFlow (about 3 s on 2 cores, 10 to 20 s on a
 # machine loaded by a parallel test run) before it listens; past this a
 # cluster that cannot come up raises instead of waiting on.
@@ -182,6 +187,12 @@ class LocalCluster:
         """Starts every task and waits until each one listens."""
         if self._started:
             return self
+        if os.environ.get(TF_CONFIG_ENV):
+            logger.warning(
+                "LocalCluster starts its own %d worker and %d ps tasks although TF_CONFIG is set (this script "
+                "runs under tf-psx launch or Kubernetes): the launched tasks stay idle. Fix: "
+                "`with tf_psx.launched_or(tf_psx.LocalCluster(...)) as cluster:` uses TF_CONFIG's cluster "
+                "when there is one.", self.num_workers, self.num_ps)
         _runtime.set_grpc_fail_fast()
         if self.processes:
             self._start_processes()
@@ -359,3 +370,38 @@ class LocalCluster:
     def __repr__(self) -> str:
         mode = "processes" if self.processes else "in-process"
         return f"LocalCluster(num_workers={self.num_workers}, num_ps={self.num_ps}, {mode})"
+
+
+@contextlib.contextmanager
+def launched_or(local: LocalCluster):
+    """The launched cluster when TF_CONFIG is set, else `local` (started, and stopped at the end).
+
+    One script, both ways: alone it starts `local`; under `tf-psx launch` or
+    a TFJob (TF_CONFIG set) it yields None, which
+    `tf_psx.ParameterServerStrategy` reads as "the cluster of TF_CONFIG",
+    and `local` is never started.
+
+    Example:
+
+    >>> import os, tf_psx
+    >>> os.environ.pop("TF_CONFIG", None) is None or True
+    True
+    >>> os.environ["TF_CONFIG"] = '{"cluster": {"worker": ["w:1"], "ps": ["p:1"]}, "task": {"type": "chief"}}'
+    >>> with tf_psx.launched_or(tf_psx.LocalCluster(num_workers=2, num_ps=1)) as cluster:
+    ...     print(cluster)
+    None
+    >>> del os.environ["TF_CONFIG"]
+
+    Args:
+      local: the `LocalCluster` to use when TF_CONFIG is not set.
+
+    Yields:
+      None (TF_CONFIG's cluster) or the started `local`.
+    """
+    if os.environ.get(TF_CONFIG_ENV):
+        logger.info("training on the cluster of TF_CONFIG; the LocalCluster of %d workers and %d ps is not "
+                    "started", local.num_workers, local.num_ps)
+        yield None
+        return
+    with local as cluster:
+        yield cluster

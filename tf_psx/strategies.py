@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_psx import _checks, partitioners as _partitioners, weights as _weights
+from tf_psx import _checks, _quiet, partitioners as _partitioners, weights as _weights
 from tf_psx._tf import exact_updates as _exact_updates, fit_inputs as _fit_inputs, keras as _tf_keras, runtime as _runtime
 from tf_psx._tf import lookup_tables as _lookup_tables, sync as _sync, tfra as _tfra
 from tf_psx._tf import weights as _weights_hook
@@ -65,6 +65,10 @@ def _address_listens(address: str) -> bool:
         return False
 
 
+# A line says which tasks the strategy still waits for, this often.
+WAIT_NOTICE_S = 10.0
+
+
 def wait_until_reachable(jobs: dict, timeout_s: float) -> None:
     """Waits until every worker and ps address of `jobs` accepts TCP connections.
 
@@ -76,11 +80,18 @@ def wait_until_reachable(jobs: dict, timeout_s: float) -> None:
       ClusterUnreachableError: naming each task that did not listen in time.
     """
     pending = [(job, i, address) for job in _SERVER_TASKS for i, address in enumerate(jobs.get(job, []))]
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    deadline = start + timeout_s
+    said = 0
     while True:
         pending = [task for task in pending if not _address_listens(task[2])]
         if not pending:
             return
+        waited = time.monotonic() - start
+        if waited >= (said + 1) * WAIT_NOTICE_S:
+            said = int(waited // WAIT_NOTICE_S)
+            names = ", ".join(f"{job}:{i} at {address}" for job, i, address in pending)
+            logger.info("waiting for %s (%d s of %d)", names, waited, timeout_s)
         if time.monotonic() >= deadline:
             names = ", ".join(f"{job}:{i} at {address}" for job, i, address in pending)
             raise ClusterUnreachableError(
@@ -303,6 +314,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         _weights_hook.install(_weights.convert, _weights.whole_values)
         # fit's and evaluate's input read by the coordinator, sent with each step (tf_psx._tf.fit_inputs).
         _fit_inputs.install()
+        _quiet.install_log_filter()
         # Models with TFRA's own layers: exact table updates at compile (tf_psx._tf.tfra).
         _tfra.install_tfra_optimizer_hook()
         _install_tfra_shadows_if_imported()

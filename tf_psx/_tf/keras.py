@@ -59,6 +59,32 @@ def _route_tensorflow_keras_imports() -> None:
 _route_tensorflow_keras_imports()
 
 
+def _warn_if_keras3_was_chosen() -> None:
+    """Warns at `import tf_psx` when `tf.keras` already resolved to Keras 3 (something used it first).
+
+    TF 2.16's lazy `tf.keras` picks its package on first use: a script that
+    touched `tf.keras` before `import tf_psx` got Keras 3, and its first
+    `fit` under the strategy raised `Keras3Error`, whose fix ("import tf_psx
+    first") the user thought they had followed.
+    """
+    import sys  # pylint: disable=import-outside-toplevel
+    import warnings  # pylint: disable=import-outside-toplevel
+
+    tensorflow = sys.modules.get("tensorflow")
+    resolved = tensorflow.__dict__.get("keras") if tensorflow is not None else None
+    # Once used, TF replaces its lazy loader by the module it chose: Keras 3's is "keras._tf_keras.keras".
+    name = getattr(resolved, "__name__", "") if isinstance(resolved, type(sys)) else ""
+    if name.startswith("keras"):
+        warnings.warn(
+            "tf.keras already resolved to Keras 3 before `import tf_psx` (this script used tf.keras first), so "
+            "models built with tf.keras are Keras 3 and cannot train under tf_psx.ParameterServerStrategy. Fix: "
+            "put `import tf_psx` before any use of tf.keras (or set TF_USE_LEGACY_KERAS=1 before Python starts), "
+            "or build models with `import tf_keras as keras`.", stacklevel=4)
+
+
+_warn_if_keras3_was_chosen()
+
+
 KERAS3_FIX = (
     "Fix: use tf-keras (Keras 2), which tf_psx installs: write `import tf_keras as keras` "
     "or use `tf.keras` after `import tf_psx`, and build the model again. Keras 3 cannot run "
