@@ -32,9 +32,9 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m unit
 
-# Every benchmark, then docs/benchmarks.md from bench/results/*.json (~75 min on 2 cores).
+# Every benchmark, then docs/benchmarks.md from bench/results/*.json (~110 min on 2 cores; exact_fit ~30 of them).
 BENCHES := overhead shard_balance dedup_bytes vocab_scaling dynamic_vs_static convergence exact_updates \
-	hash_table_memory hash_table_quality fused_embeddings reader_throughput wire_dtype_quality snapshot_stall sync_regime tls_tunnel elastic delta_snapshots ps_latency
+	hash_table_memory hash_table_quality fused_embeddings reader_throughput wire_dtype_quality snapshot_stall sync_regime tls_tunnel elastic delta_snapshots ps_latency exact_fit
 bench: install
 	for b in $(BENCHES); do $(BIN)/python bench/$$b.py || exit 1; done
 	$(BIN)/python bench/report.py

@@ -403,7 +403,8 @@ def test_shell_blocks_are_parsed_into_commands_and_their_output():
                             "start it with: kubectl apply -f ctr.yaml"]
     assert commands["kubectl apply -f ctr.yaml"].expected == []
     readme = [command.command for command in _shell_commands(README)]
-    assert readme == ["make demo", "make test"]  # their "# comment" dropped
+    # The README opens with the two set-up commands (their "# comment" dropped), then the launched quickstart.
+    assert readme == ["make demo", "make test", "tf-psx launch --workers 2 --ps 1 -- python examples/quickstart.py"]
     # Ports and pids vary, "..." is any text, the order counts, the rest is exact.
     _assert_shows(["a 127.0.0.1:41537; logs in ...", "...", "done = 100"], "x\na 127.0.0.1:8080; logs in /t\ndone = 100\n", "t")
     for expected, output in ((["done = 100"], "done = 101"), (["b", "a"], "a\nb"), (["x 1"], "x 12")):

@@ -132,3 +132,12 @@ def test_quickstart_is_quiet_and_runs_under_the_launcher(tmp_path):
     assert "training on the cluster of TF_CONFIG" in run.output and "RESULT " in run.output, run.output[-3000:]
     assert "LocalCluster starts its own" not in run.output
     assert not any(_quiet.NOISE.search(line) for line in run.output.splitlines()), run.output[-3000:]
+
+
+def test_export_verify_of_a_keras_file_says_what_it_expects(run, tmp_path):
+    path = tmp_path / "model_a.keras"
+    path.write_bytes(b"PK")
+    status, _, err = run("export", "--verify", str(path))
+    assert status == 2
+    assert f"{path} is a Keras model file, not the directory tf_psx.export_serving writes" in err, err
+    assert "Fix: export it with tf_psx.export_serving(tf.keras.models.load_model(" in err

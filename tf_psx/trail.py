@@ -170,6 +170,12 @@ def read_manifest(path: str) -> dict:
     """
     fs = _fs(path)
     name = fs.join(path, MANIFEST_NAME)
+    if fs.exists(path) and not fs.isdir(path):
+        kind = "a Keras model file" if str(path).endswith((".keras", ".h5")) else "a file"
+        raise FileNotFoundError(
+            f"{path} is {kind}, not the directory tf_psx.export_serving writes (a SavedModel with "
+            f"{MANIFEST_NAME}). Fix: export it with tf_psx.export_serving(tf.keras.models.load_model({str(path)!r}), "
+            "'export_dir'), then verify 'export_dir'.")
     if not fs.exists(name):
         raise FileNotFoundError(f"{name} does not exist: {path} was not exported by tf_psx.export_serving with a "
                                 "manifest. Fix: export it again with export_serving(model, path).")

@@ -207,6 +207,20 @@ class _OneBatch:
         return self._batch
 
 
+def _shadows_in_use() -> bool:
+    """True once TFRA layers got per-worker shadows (tf_psx._tf.shadows) in this process.
+
+    Their handles are captured into the outermost traced function; traced
+    straight into the runner, a model whose `call` is its own tf.function
+    (TFRA's demo) failed with "cannot be accessed from here, because it was
+    defined in FuncGraph(name=run)". Through tf-keras's own train function
+    (the dataset path) it trains.
+    """
+    from tf_psx._tf import shadows  # pylint: disable=import-outside-toplevel
+
+    return shadows._PER_WORKER_SHADOWS_INSTALLED  # pylint: disable=protected-access  (tf_psx's own module)
+
+
 def _runner(fn, layout, stacked: bool):
     """`fn(iterator, *rest)` made a function of the step's batches, traced once per (layout, stacked).
 
@@ -220,7 +234,7 @@ def _runner(fn, layout, stacked: bool):
         python_function = getattr(fn, "python_function", None)
 
         def run(batches, *rest):
-            if not stacked and not rest and python_function is not None:  # steps_per_execution=1
+            if not stacked and not rest and python_function is not None and not _shadows_in_use():
                 batch = layout.unpack(batches) if layout is not None else batches
                 return python_function(_OneBatch(batch), *rest)
             if stacked:
