@@ -195,3 +195,32 @@ def sharded_table_model(rows: int, dim: int, ids: int):
         model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(emb)))
         model.compile(tf.keras.optimizers.Adagrad(0.05), "mse")
     return model, cluster
+
+
+# A straggler: its task process stopped STOP_S of every STOP_S + RUN_S seconds (3x slower).
+STOP_S, RUN_S = 0.020, 0.010
+
+
+class Straggler:
+    """Stops a task process for STOP_S of every STOP_S + RUN_S seconds (a 3x slowdown).
+
+    The stop/continue loop is a process of its own: a thread of the
+    coordinator could wait for the GIL while a TF call waits for the stopped
+    worker, and never send the SIGCONT.
+    """
+
+    def __init__(self, pid: int):
+        import subprocess  # pylint: disable=import-outside-toplevel
+        import sys  # pylint: disable=import-outside-toplevel
+
+        self.pid = pid
+        loop = (f"import os, signal, time\nwhile True:\n    os.kill({pid}, signal.SIGSTOP); time.sleep({STOP_S})\n"
+                f"    os.kill({pid}, signal.SIGCONT); time.sleep({RUN_S})\n")
+        self._process = subprocess.Popen([sys.executable, "-c", loop])
+
+    def stop(self) -> None:
+        import signal  # pylint: disable=import-outside-toplevel
+
+        self._process.kill()
+        self._process.wait()
+        os.kill(self.pid, signal.SIGCONT)

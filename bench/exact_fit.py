@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -46,29 +45,13 @@ ROUNDS = 5
 WORKERS = 2
 VARIANTS = ["creator", "exact_dataset", "exact_arrays", "exact_arrays_verbose", "creator_straggler",
             "exact_arrays_straggler", "creator_spe10", "exact_dataset_spe10"]
-STOP_S, RUN_S = 0.020, 0.010
-
-
-class _Straggler:
-    """Stops a task process for STOP_S of every STOP_S + RUN_S seconds (3x slower), from a process of its own."""
-
-    def __init__(self, pid: int):
-        self.pid = pid
-        loop = (f"import os, signal, time\nwhile True:\n    os.kill({pid}, signal.SIGSTOP); time.sleep({STOP_S})\n"
-                f"    os.kill({pid}, signal.SIGCONT); time.sleep({RUN_S})\n")
-        self._process = subprocess.Popen([sys.executable, "-c", loop])
-
-    def stop(self) -> None:
-        self._process.kill()
-        self._process.wait()
-        os.kill(self.pid, signal.SIGCONT)
 
 
 def child(variant: str) -> None:
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from _common import _cpu_ms  # pylint: disable=import-outside-toplevel
+    from _common import Straggler, _cpu_ms  # pylint: disable=import-outside-toplevel
     from fused_embeddings import BATCH, batches, build  # pylint: disable=import-outside-toplevel
 
     cluster = tf_psx.LocalCluster(num_workers=WORKERS, num_ps=2, processes=True).start()
@@ -97,7 +80,7 @@ def child(variant: str) -> None:
                     marks["cpu"] = {name: (_cpu_ms(pid) - marks["cpu"][name]) / STEPS for name, pid in pids.items()}
 
         if variant.endswith("straggler"):
-            slow = _Straggler(cluster.pid("worker", 0))
+            slow = Straggler(cluster.pid("worker", 0))
         verbose = 1 if variant.endswith("verbose") else 0
         if variant.startswith("creator"):
             def dataset_fn(_ctx):

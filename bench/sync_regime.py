@@ -78,29 +78,6 @@ def _data(seed: int):
     return data.split(HOLDOUT / len(data.labels))
 
 
-STOP_S, RUN_S = 0.020, 0.010
-
-
-class _Straggler:
-    """Stops a task process for STOP_S of every STOP_S + RUN_S seconds (a 3x slowdown).
-
-    The stop/continue loop is a process of its own: a thread of the
-    coordinator could wait for the GIL while a TF call waits for the stopped
-    worker, and never send the SIGCONT.
-    """
-
-    def __init__(self, pid: int):
-        self.pid = pid
-        loop = (f"import os, signal, time\nwhile True:\n    os.kill({pid}, signal.SIGSTOP); time.sleep({STOP_S})\n"
-                f"    os.kill({pid}, signal.SIGCONT); time.sleep({RUN_S})\n")
-        self._process = subprocess.Popen([sys.executable, "-c", loop])
-
-    def stop(self) -> None:
-        import signal  # pylint: disable=import-outside-toplevel
-
-        self._process.kill()
-        self._process.wait()
-        os.kill(self.pid, signal.SIGCONT)
 
 
 def child(mode: str, seed: str) -> None:
@@ -108,7 +85,7 @@ def child(mode: str, seed: str) -> None:
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from _common import holdout_auc, logistic_model  # pylint: disable=import-outside-toplevel
+    from _common import Straggler, holdout_auc, logistic_model  # pylint: disable=import-outside-toplevel
 
     seed = int(seed)
     spec = MODES[mode]
@@ -141,7 +118,7 @@ def child(mode: str, seed: str) -> None:
             switch = tf_psx.callbacks.SyncSwitch(to="sync", patience=1, min_delta=0.01)
             callbacks.append(switch)
         callbacks.append(evaluate)
-        slow = _Straggler(cluster.pid("worker", 0)) if straggler else None
+        slow = Straggler(cluster.pid("worker", 0)) if straggler else None
         try:
             history = model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=EPOCHS,
                                 steps_per_epoch=steps, callbacks=callbacks, verbose=0)
@@ -269,7 +246,7 @@ def _rows(results: dict) -> list:
 
 
 def main() -> None:
-    from _common import add_images, run_child, write_result  # pylint: disable=import-outside-toplevel
+    from _common import RUN_S, STOP_S, add_images, run_child, write_result  # pylint: disable=import-outside-toplevel
 
     results: dict = {}
     runs = [(mode, 0) for mode in MODES] + [(mode, seed) for seed in SEEDS[1:] for mode in SEEDED_MODES]
