@@ -2,7 +2,7 @@
 
 Loopback has no latency, so where a step waits on the parameter servers is
 hidden. Here every byte between the worker (and the coordinator) and each of
-the 2 ps task processes crosses a `tf_psx.netproxy.DelayProxy` that holds it
+the 2 ps task processes crosses a `tf_psx.cluster.netproxy.DelayProxy` that holds it
 DELAY_MS in each direction: the ps tasks listen on their own ports, and the
 worker's and the coordinator's TF_CONFIG name the proxy's ports instead. 1
 worker, the same model and data as bench/fused_embeddings.py, the stock
@@ -38,10 +38,10 @@ READY_TIMEOUT_S = 120
 
 def _delayed_cluster(delay_ms: float):
     """Starts 2 ps and 1 worker behind delay proxies; returns (the coordinator's ClusterConfig, stop, the proxy)."""
-    from tf_psx import _supervisor  # pylint: disable=import-outside-toplevel
+    from tf_psx.cluster import supervisor as _supervisor  # pylint: disable=import-outside-toplevel
     from tf_psx.cluster import ClusterConfig  # pylint: disable=import-outside-toplevel
-    from tf_psx.local import free_ports  # pylint: disable=import-outside-toplevel
-    from tf_psx import netproxy  # pylint: disable=import-outside-toplevel
+    from tf_psx.cluster.local import free_ports  # pylint: disable=import-outside-toplevel
+    from tf_psx.cluster import netproxy  # pylint: disable=import-outside-toplevel
 
     ports = free_ports(2 * NUM_PS + 2)
     real_ps = [f"127.0.0.1:{port}" for port in ports[:NUM_PS]]

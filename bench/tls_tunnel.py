@@ -1,4 +1,4 @@
-"""The cost of the TLS tunnel (`tf_psx.netproxy.TLSTunnel`) against a plain relay and a direct connection.
+"""The cost of the TLS tunnel (`tf_psx.cluster.netproxy.TLSTunnel`) against a plain relay and a direct connection.
 
 An echo server on loopback; a client sends PAYLOAD_MB while it reads the
 echo back (bytes/s counts the payload once) and times small round trips:
@@ -97,7 +97,7 @@ def _measure(address) -> tuple[float, float]:
 def main() -> None:
     from _common import write_result  # pylint: disable=import-outside-toplevel
 
-    from tf_psx.netproxy import DelayProxy, TLSTunnel, tls_context  # pylint: disable=import-outside-toplevel
+    from tf_psx.cluster.netproxy import DelayProxy, TLSTunnel, tls_context  # pylint: disable=import-outside-toplevel
 
     with tempfile.TemporaryDirectory() as directory:
         ca, task, client = _pki(directory)

@@ -21,7 +21,7 @@ import yaml
 
 from tf_psx import cli
 from tf_psx.cluster import ClusterConfig
-from tf_psx.k8s import network_policy, tfjob_manifest
+from tf_psx.cluster.k8s import network_policy, tfjob_manifest
 
 SCHEMA = json.loads((Path(__file__).parent / "tfjob_v1_schema.json").read_text(encoding="utf-8"))
 VALID_TF_CONFIG = json.dumps(

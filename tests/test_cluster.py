@@ -59,7 +59,7 @@ def test_public_api_is_pinned():
 
 
 def test_docstring_examples_run():
-    results = doctest.testmod(cluster, optionflags=doctest.ELLIPSIS)
+    results = doctest.testmod(cluster.config, optionflags=doctest.ELLIPSIS)
     assert results.attempted > 0
     assert results.failed == 0
 

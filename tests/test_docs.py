@@ -310,7 +310,7 @@ def _check_k8s_manifest(output: str, directory: str) -> None:
 
 
 def _worker_0_tf_config() -> dict:
-    from tf_psx.k8s import operator_tf_config  # pylint: disable=import-outside-toplevel
+    from tf_psx.cluster.k8s import operator_tf_config  # pylint: disable=import-outside-toplevel
 
     return {"TF_CONFIG": json.dumps(operator_tf_config("ctr", "Worker", 0, workers=4, ps=2, evaluator=True))}
 

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from tf_psx import callbacks as cb, doctor
+from tf_psx import callbacks as cb, stalls
+from tf_psx.cluster import preflight
 
 from conftest import run_script
 
@@ -44,19 +45,19 @@ def test_bad_timeouts_are_named():
     with pytest.raises(ValueError, match=r"`timeout_s` of StallDoctor must be a number > 0. Received: 0"):
         cb.StallDoctor(timeout_s=0)
     with pytest.raises(ValueError, match=r"`timeout_s` of StallWatch must be a number > 0. Received: '5'"):
-        doctor.StallWatch(object(), timeout_s="5")
+        stalls.StallWatch(object(), timeout_s="5")
 
 
 def test_pids_file_and_task_states(tmp_path, monkeypatch):
     path = tmp_path / "pids.json"
     path.write_text(json.dumps({"ps:0": os.getpid(), "worker:0": 2 ** 22 + 12345}))
-    monkeypatch.setenv(doctor.PIDS_FILE_ENV, str(path))
-    pids = doctor.pids_from_file()
+    monkeypatch.setenv(stalls.PIDS_FILE_ENV, str(path))
+    pids = stalls.pids_from_file()
     assert pids == {"ps:0": os.getpid(), "worker:0": 2 ** 22 + 12345}
-    states = doctor.task_states(pids)
+    states = stalls.task_states(pids)
     assert states["ps:0"] in ("running", "sleeping") and states["worker:0"] == "gone"
     path.write_text("{not json")
-    assert doctor.pids_from_file() == {}  # a file being rewritten is no crash
+    assert stalls.pids_from_file() == {}  # a file being rewritten is no crash
 
 
 def _doctor(*args, env=None):
@@ -69,7 +70,7 @@ def _doctor(*args, env=None):
 def test_doctor_checks_addresses_ports_clocks_and_versions(tmp_path):
     import tf_psx  # pylint: disable=import-outside-toplevel
     from tf_psx.cluster import ClusterConfig  # pylint: disable=import-outside-toplevel
-    from tf_psx.local import free_ports  # pylint: disable=import-outside-toplevel
+    from tf_psx.cluster.local import free_ports  # pylint: disable=import-outside-toplevel
 
     with tf_psx.LocalCluster(num_workers=1, num_ps=1, processes=True) as cluster:
         chief_port, dead_port = free_ports(2)
@@ -85,7 +86,7 @@ def test_doctor_checks_addresses_ports_clocks_and_versions(tmp_path):
         assert "listen beyond loopback" not in out and "every check passed" in out
 
         # A task whose versions differ (its info file says another TF), read through TF on that task.
-        info_path = doctor.server_info_path(int(cluster.config.ps[0].rsplit(":", 1)[1]))
+        info_path = preflight.server_info_path(int(cluster.config.ps[0].rsplit(":", 1)[1]))
         with open(info_path, encoding="utf-8") as handle:
             info = json.load(handle)
         info["versions"]["tensorflow"] = "2.15.0"
@@ -123,7 +124,7 @@ def test_doctor_needs_a_tf_config(monkeypatch):
 
 def test_doctor_warns_about_tasks_beyond_loopback():
     # 192.0.2.0/24 is TEST-NET-1: nothing answers there, so only the address checks run.
-    lines, ok = doctor.check_cluster(json.dumps({"cluster": {"worker": ["192.0.2.1:2222"], "ps": ["192.0.2.2:2222"]}}))
+    lines, ok = preflight.check_cluster(json.dumps({"cluster": {"worker": ["192.0.2.1:2222"], "ps": ["192.0.2.2:2222"]}}))
     assert not ok
     assert any("2 task(s) listen beyond loopback" in line and "no authentication" in line for line in lines)
 
@@ -156,7 +157,7 @@ def test_the_report_signals_only_server_tasks(tmp_path):
          "all_threads=True); print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, stderr=worker_log, text=True)
     try:
         assert worker.stdout.readline().strip() == "up"
-        watch = doctor.StallWatch(_FakeCoordinator(), timeout_s=0.01,
+        watch = stalls.StallWatch(_FakeCoordinator(), timeout_s=0.01,
                                   pids=lambda: {"chief:0": chief.pid, "worker:0": worker.pid})
         time.sleep(0.05)
         report = watch.check()

@@ -1,4 +1,4 @@
-"""Unit tests for tf_psx.k8s (tier a: no cluster, no servers).
+"""Unit tests for tf_psx.cluster.k8s (tier a: no cluster, no servers).
 
 The manifests are checked against tests/tfjob_v1_schema.json, a closed subset
 of the TFJob v1 schema, and the TF_CONFIG of every pod is derived from the
@@ -19,9 +19,9 @@ import jsonschema
 import pytest
 import yaml
 
-from tf_psx import k8s, tlsmesh
+from tf_psx.cluster import k8s, tlsmesh
 from tf_psx.cluster import ClusterConfig
-from tf_psx.k8s import ManifestError, operator_tf_config, tfjob_manifest
+from tf_psx.cluster.k8s import ManifestError, operator_tf_config, tfjob_manifest
 
 SCHEMA = json.loads((Path(__file__).parent / "tfjob_v1_schema.json").read_text(encoding="utf-8"))
 IMAGE = "registry.example.com/ctr:1.0"
@@ -51,7 +51,7 @@ def replica_container(manifest: dict, replica_type: str) -> dict:
 def operator_cluster(manifest: dict) -> dict[str, list[str]]:
     """The cluster part of TF_CONFIG as the operator builds it from `manifest`.
 
-    Written from the operator's genClusterSpec, independently of tf_psx.k8s:
+    Written from the operator's genClusterSpec, independently of tf_psx.cluster.k8s:
     every replica type (the Evaluator included), one address per replica, the
     headless service "{job}-{rtype lowercase}-{i}.{namespace}.svc" and the
     container port named "tfjob-port" of the container named "tensorflow".

@@ -20,10 +20,10 @@ import time
 
 import pytest
 
-from tf_psx import server
+from tf_psx.cluster import server
 from tf_psx._tf import runtime
 from tf_psx.cluster import ClusterConfig
-from tf_psx.local import free_ports
+from tf_psx.cluster.local import free_ports
 from tf_psx.strategies import keep_alive_seconds
 
 from conftest import REPO

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 import tf_psx
-from tf_psx.local import port_is_listening
+from tf_psx.cluster.local import port_is_listening
 
 from conftest import run_script
 
@@ -52,8 +52,8 @@ def test_in_process_cluster_sets_grpc_fail_fast_and_reuses_servers(local_cluster
 
 
 def test_in_process_worker_threads_cover_the_workers():
-    from tf_psx.local import INPROCESS_INTER_OP_THREADS, MAX_INPROCESS_WORKERS
-    from tf_psx.server import server_config
+    from tf_psx.cluster.local import INPROCESS_INTER_OP_THREADS, MAX_INPROCESS_WORKERS
+    from tf_psx.cluster.server import server_config
 
     for workers in (1, 2, 5):
         assert server_config("worker", workers).inter_op_parallelism_threads >= workers + 1
@@ -122,10 +122,10 @@ def test_task_whose_port_is_taken_fails_and_names_its_log(tmp_path, monkeypatch)
     thief.bind(("0.0.0.0", 0))
     thief.listen()
     taken = thief.getsockname()[1]
-    real_free_ports = tf_psx.local.free_ports
+    real_free_ports = tf_psx.cluster.local.free_ports
     monkeypatch.setattr(tf_psx.local, "free_ports", lambda n: real_free_ports(n - 1) + [taken])
     try:
-        with pytest.raises(tf_psx.local.TaskFailedError, match=r"task ps:0 exited while starting.*its log is .*ps-0\.log"):
+        with pytest.raises(tf_psx.cluster.local.TaskFailedError, match=r"task ps:0 exited while starting.*its log is .*ps-0\.log"):
             with tf_psx.LocalCluster(num_workers=1, num_ps=1, processes=True, log_dir=str(tmp_path)) as cluster:
                 pass
     finally:
@@ -176,7 +176,7 @@ def test_tasks_die_with_a_killed_coordinator():
 
 
 def test_task_thread_pools_are_checked_and_need_processes():
-    from tf_psx.server import INTRA_OP_ENV, server_config, threads_from_env, threads_per_task
+    from tf_psx.cluster.server import INTRA_OP_ENV, server_config, threads_from_env, threads_per_task
 
     config = server_config("ps", 2, inter_op_threads=3, intra_op_threads=1)
     assert (config.inter_op_parallelism_threads, config.intra_op_parallelism_threads) == (3, 1)
@@ -197,7 +197,7 @@ def test_task_thread_pools_are_checked_and_need_processes():
 
 @pytest.mark.processes
 def test_task_processes_run_with_the_thread_pools_asked():
-    from tf_psx.server import threads_per_task
+    from tf_psx.cluster.server import threads_per_task
 
     with tf_psx.LocalCluster(num_workers=1, num_ps=1, processes=True, inter_op_threads=3) as cluster:
         logs = {task: open(cluster.log_path(*task), encoding="utf-8").read() for task in (("ps", 0), ("worker", 0))}

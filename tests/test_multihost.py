@@ -32,9 +32,9 @@ import time
 
 import pytest
 
-from tf_psx import netproxy, tlsmesh
+from tf_psx.cluster import netproxy, tlsmesh
 from tf_psx.cluster import ClusterConfig
-from tf_psx.server import READY_MARK
+from tf_psx.cluster.server import READY_MARK
 
 from launch_harness import SCRIPTS
 from tls_pki import make_pki

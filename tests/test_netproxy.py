@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tf_psx.netproxy import READY_MARK, DelayProxy
+from tf_psx.cluster.netproxy import READY_MARK, DelayProxy
 
 from echo_server import EchoServer
 

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from tf_psx.netproxy import TLSTunnel, tls_context
+from tf_psx.cluster.netproxy import TLSTunnel, tls_context
 
 from echo_server import EchoServer
 from tls_pki import make_pki, needs_openssl, refused_without_certificate

@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from tf_psx import tlsmesh
+from tf_psx.cluster import tlsmesh
 from tf_psx.errors import TFConfigError
-from tf_psx.local import free_ports
-from tf_psx.netproxy import TLSTunnel, tls_context
+from tf_psx.cluster.local import free_ports
+from tf_psx.cluster.netproxy import TLSTunnel, tls_context
 
 from tls_pki import make_pki, needs_openssl, refused_without_certificate
 

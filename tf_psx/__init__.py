@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "ClusterConfig": "tf_psx.cluster",
     "TFConfigError": "tf_psx.cluster",
-    "LocalCluster": "tf_psx.local",
+    "LocalCluster": "tf_psx.cluster.local",
     "ParameterServerStrategy": "tf_psx.strategies",
     "CentralStorageStrategy": "tf_psx.strategies",
     "auto_strategy": "tf_psx.strategies",
@@ -31,10 +31,13 @@ _EXPORTS = {
     "DynamicEmbeddingSaveError": "tf_psx.errors",
     "TFPSXError": "tf_psx.errors",
     "export_serving": "tf_psx.export",
-    "launched_or": "tf_psx.local",
+    "launched_or": "tf_psx.cluster.local",
     "unsharded_weights": "tf_psx.weights",
 }
-_SUBMODULES = ("partitioners", "data", "cluster", "local", "strategies", "optimizers", "layers", "tables", "callbacks", "launch", "weights", "errors")
+# name -> module: `tf_psx.local` is `tf_psx.cluster.local` since the cluster became a package.
+_SUBMODULES = {name: f"tf_psx.{name}" for name in (
+    "partitioners", "data", "cluster", "strategies", "optimizers", "layers", "tables", "callbacks", "launch", "weights", "errors")}
+_SUBMODULES["local"] = "tf_psx.cluster.local"
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
@@ -55,7 +58,7 @@ def __getattr__(name: str):
         globals()[name] = value
         return value
     if name in _SUBMODULES:
-        return importlib.import_module(f"tf_psx.{name}")
+        return importlib.import_module(_SUBMODULES[name])
     raise AttributeError(f"module 'tf_psx' has no attribute {name!r}")
 
 

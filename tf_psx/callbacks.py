@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_psx.errors import SnapshotDirectoryError
-from tf_psx import _checks, deltas as _deltas, doctor as _doctor, metrics as _metrics, optimizers as _optimizers
+from tf_psx import _checks, deltas as _deltas, metrics as _metrics, optimizers as _optimizers, stalls as _stalls
 from tf_psx import snapshots as _snapshots, tables as _tables
 from tf_psx._tf import checkpoint as _checkpoint, exact_updates as _exact_updates, fit_hooks as _fit_hooks
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime, tfra as _tfra
@@ -1713,7 +1713,7 @@ class StallDoctor(_RunCallback):
     """Logs why `fit` stopped making progress: closures by worker, task states, stacks.
 
     Under `ParameterServerStrategy`, when no step finishes for `timeout_s`
-    while steps are pending, it logs one report (`tf_psx.doctor.StallWatch`):
+    while steps are pending, it logs one report (`tf_psx.stalls.StallWatch`):
     which worker runs which step since when and on which attempt, the state
     of each task process it knows (a worker stopped by SIGSTOP stands out),
     the coordinator's Python stacks, and it asks each running
@@ -1743,15 +1743,15 @@ class StallDoctor(_RunCallback):
 
     def __init__(self, timeout_s: float = DEFAULT_STALL_TIMEOUT_S, cluster=None, signal_tasks: bool = True):
         super().__init__()
-        self.timeout_s = _doctor.check_timeout(timeout_s, "StallDoctor")
+        self.timeout_s = _stalls.check_timeout(timeout_s, "StallDoctor")
         self.cluster, self.signal_tasks = cluster, bool(signal_tasks)
         self.reports: list[str] = []
-        self._watch: _doctor.StallWatch | None = None
+        self._watch: _stalls.StallWatch | None = None
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
         if _runtime.is_parameter_server_strategy(self.model.distribute_strategy):
-            self._watch = _doctor.StallWatch(_coordinator(self.model), self.timeout_s, cluster=self.cluster,
+            self._watch = _stalls.StallWatch(_coordinator(self.model), self.timeout_s, cluster=self.cluster,
                                              signal_tasks=self.signal_tasks)
             self._watch.reports = self.reports
             self._watch.start()

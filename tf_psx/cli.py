@@ -15,7 +15,7 @@ Subcommands:
            (tf_psx/trail.py).
   doctor   check a cluster before a run: addresses reachable, the chief's
            port free, clocks and package versions of every task
-           (tf_psx/doctor.py).
+           (tf_psx/cluster/preflight.py).
 
 Every invalid input prints the error (which names the option, the value
 received and the fix) on stderr and exits with status 2, as argparse does for
@@ -48,7 +48,7 @@ import yaml
 from tf_psx import _checks
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig, TFConfigError
 from tf_psx.errors import CommandError
-from tf_psx.k8s import DEFAULT_PORT, ManifestError, network_policy, tfjob_manifest
+from tf_psx.cluster.k8s import DEFAULT_PORT, ManifestError, network_policy, tfjob_manifest
 
 __all__ = ["CommandError", "main"]
 
@@ -632,7 +632,7 @@ def _add_doctor(subparsers: Any) -> None:
 def _run_doctor(args: argparse.Namespace) -> int:
     import os  # pylint: disable=import-outside-toplevel
 
-    from tf_psx import doctor  # pylint: disable=import-outside-toplevel  (TF-free; TF runs in its child)
+    from tf_psx.cluster import preflight as doctor  # pylint: disable=import-outside-toplevel  (TF-free; TF runs in its child)
 
     text = args.tf_config if args.tf_config is not None else os.environ.get("TF_CONFIG")
     if not text:

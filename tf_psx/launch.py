@@ -98,11 +98,12 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from tf_psx import _quiet
-from tf_psx import _checks, _supervisor, doctor as _doctor, metrics as _metrics, server as _server
+from tf_psx import _checks, metrics as _metrics, stalls as _stalls
+from tf_psx.cluster import server as _server, supervisor as _supervisor
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig
 from tf_psx.errors import LaunchError
-from tf_psx.local import LOOPBACK, TASK_START_TIMEOUT_S, free_ports
+from tf_psx.cluster.local import LOOPBACK, TASK_START_TIMEOUT_S, free_ports
 
 __all__ = [
     "CHIEF_ATTEMPT_ENV",
@@ -626,7 +627,7 @@ class Launcher:
             user_env[_metrics.ENV_PORT] = str(self.metrics_port + 1)
         # The stall doctor in the chief finds the tasks' pids here (rewritten on every start).
         self._pids_file = os.path.join(self.log_dir, PIDS_FILE)
-        user_env[_doctor.PIDS_FILE_ENV] = self._pids_file
+        user_env[_stalls.PIDS_FILE_ENV] = self._pids_file
         self._add_task("chief", 0, self.command, dict(user_env, **{TF_CONFIG_ENV: self.config.to_json("chief", 0)}))
         if self.evaluator:
             env = dict(user_env, **{TF_CONFIG_ENV: self.config.to_json("evaluator", 0)})

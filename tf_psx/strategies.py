@@ -23,7 +23,7 @@ from tf_psx._tf import lookup_tables as _lookup_tables, sync as _sync, tfra as _
 from tf_psx._tf import weights as _weights_hook
 from tf_psx.cluster import ClusterConfig
 from tf_psx.errors import ClusterUnreachableError, Keras3Error, LocalResourcesError, TFConfigError
-from tf_psx.local import LocalCluster, port_is_listening
+from tf_psx.cluster.local import LocalCluster, port_is_listening
 
 __all__ = [
     "ParameterServerStrategy",

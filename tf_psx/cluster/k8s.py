@@ -34,7 +34,7 @@ from tf_psx import _checks
 from tf_psx._tf.runtime import GRPC_FAIL_FAST_ENV, GRPC_FAIL_FAST_VALUE
 from tf_psx.cluster import PORT_RANGE
 from tf_psx.errors import ManifestError
-from tf_psx.server import INTRA_OP_ENV as INTRA_OP_THREADS_ENV
+from tf_psx.cluster.server import INTRA_OP_ENV as INTRA_OP_THREADS_ENV
 
 __all__ = ["ManifestError", "network_policy", "operator_tf_config", "tfjob_manifest"]
 

@@ -5,7 +5,7 @@ user's chief): it starts in its own session and process group, dies with
 the process that started it (Linux PR_SET_PDEATHSIG), and its output goes
 line by line through a reader thread to its log file (and, for the
 launcher, to the terminal with a prefix). It is ready when it prints
-`tf_psx.server.READY_MARK`. `wait_ready` bounds the wait for a set of
+`tf_psx.cluster.server.READY_MARK`. `wait_ready` bounds the wait for a set of
 tasks; `stop` ends them (SIGTERM to the group, SIGKILL after a grace).
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from tf_psx._tf import runtime as _runtime
 from tf_psx.cluster import TF_CONFIG_ENV
-from tf_psx.server import READY_MARK
+from tf_psx.cluster.server import READY_MARK
 
 # SIGTERM first so that a task can exit on its own; SIGKILL after this.
 STOP_GRACE_S = 5.0

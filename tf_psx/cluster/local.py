@@ -19,7 +19,8 @@ import sys
 import tempfile
 from typing import Any
 
-from tf_psx import _checks, _supervisor, server as _server
+from tf_psx import _checks
+from tf_psx.cluster import server as _server, supervisor as _supervisor
 from tf_psx._tf import runtime as _runtime
 from tf_psx.cluster import ClusterConfig
 from tf_psx.errors import TaskFailedError
@@ -267,7 +268,7 @@ class LocalCluster:
     def _start_in_process(self) -> None:
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-        from tf_psx.server import server_config  # pylint: disable=import-outside-toplevel
+        from tf_psx.cluster.server import server_config  # pylint: disable=import-outside-toplevel
 
         shape = (self.num_workers, self.num_ps)
         if shape in _INPROCESS_SERVERS:
