@@ -1,22 +1,115 @@
-"""Regenerates docs/benchmarks.md from bench/results/*.json."""
+"""Regenerates docs/benchmarks.md from bench/results/*.json.
+
+The page opens with a summary: one row per benchmark, the question it
+answers, its headline result, the target, and for a missed target one
+sentence of why and what would change it (`SUMMARY` below; the numbers come
+from the result files). Then one section per benchmark, in the summary's
+order. Metric names longer than `SHORT_METRIC` characters are cut at their
+first ": " and the rest becomes a numbered definition under the table.
+"""
 
 from __future__ import annotations
 
 import glob
 import json
 import os
+import re
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DOC = os.path.join(os.path.dirname(HERE), "docs", "benchmarks.md")
+SHORT_METRIC = 60
 
 HEADER = """# Benchmarks
 
 Every number here comes from `make bench` (or one script in `bench/`), which
 writes `bench/results/<name>.json`; this page is regenerated from those files
 by `bench/report.py`. Speed targets are ratios measured side by side in one
-run, so they hold on any machine; the absolute numbers are from the machine
-named in each section.
+run; the absolute numbers are from the machine named in each section (2
+cores, no GPU). "met: -" means not judged: no target, or a ratio whose
+spread over rounds straddles its target.
 """
+
+# name -> (the question it answers, substring of the headline metric, why a
+# missed target is missed and what would change it). Order = the page's order:
+# correctness first, then speed, then operations.
+SUMMARY = {
+    "exact_updates": (
+        "Does every gradient count exactly once under async workers, and what do the locks cost?",
+        "DeepFM sharded, 2 workers",
+        "The per-variable locks serialize the dense variables' updates of 2 workers that share 2 cores with the "
+        "ps tasks; with 3 workers the cost is within target. Applying dense updates on the ps in one round trip "
+        "would shorten the time under the lock."),
+    "exact_fit": (
+        "Does an exact `fit` epoch (every example once) cost speed against each worker reading its own part?",
+        "exact arrays / per-worker, equal workers",
+        "At steps_per_execution=10 the coordinator reads a per-element tf.data pipeline (~3.4 ms per batch) for "
+        "every step; a batched input or a reader on more cores would change it."),
+    "overhead": (
+        "Does tf_psx's strategy cost speed against raw TF on the same cluster?",
+        "ratio tf_psx / raw TF", ""),
+    "fused_embeddings": (
+        "Is one fused table for 26 features faster than 26 stock Embedding layers?",
+        "whole model, 1 worker(s): fused / stock",
+        "The step's fixed cost (the MLP and the step's own round trips, ~14 CPU ms) dominates on 2 cores, and "
+        "the harnesses disagree by more than the effect (issue 30): interleaved rounds with spreads will judge it."),
+    "dynamic_vs_static": (
+        "Does a hash-table embedding (TFRA DynamicEmbedding) train as fast as a fixed sharded table?",
+        "1 worker(s): DynamicEmbedding / ShardedEmbedding",
+        "TFRA's update runs on the worker and moves rows and slots across the wire both ways under the lock; "
+        "applying the update on the ps that owns the shard, in one round trip, would change it."),
+    "vocab_scaling": (
+        "Does the cost of a step follow the rows touched, not the table size (10k -> 2M rows)?",
+        "tf_psx SGD momentum",
+        "SGD with momentum at 2M rows measured 1.32x in one run of 2 processes; the other optimizers are flat. "
+        "Not re-measured with interleaved rounds yet, so it may be noise; that re-measurement would decide."),
+    "dedup_bytes": (
+        "How many bytes does deduplicating ids before the lookup save?",
+        "dedup on / off", ""),
+    "shard_balance": (
+        "Are the shards' loads even under Zipf ids (range, mod, tf_psx's balanced placement)?",
+        "ShardedEmbedding: unique rows", ""),
+    "ps_latency": (
+        "How many ps round trips does a step wait for (stock and fused)?",
+        "fused_stage: ps round trips", ""),
+    "reader_throughput": (
+        "Can one core of Criteo reading feed the training rate?",
+        "reader on one core / training rate", ""),
+    "convergence": (
+        "Do the staleness policies keep async accuracy at one worker's without losing async's speed?",
+        "drop: examples/s / (b)",
+        "drop throws away stale steps' work (0.86x speed) and scale's smaller steps leave a larger gap after a "
+        "fixed 204,800 examples; on this small model async itself is only 0.002 behind, so there is little to "
+        "close. A model where async staleness hurts more would test the policies better."),
+    "sync_regime": (
+        "With 4 workers and one 3x straggler, what do sync, backups and SyncSwitch cost and buy?",
+        "switch: examples/s / sync",
+        "The straggler is a SIGSTOP duty cycle on 2 shared cores: while it is stopped the others likely get its core, "
+        "so sync loses less than on real hosts and switching gains less (1.2x); 3-of-4 backups cannot free CPU "
+        "that the 4 workers share. A simulated cluster (a sleep in the step, not CPU) would judge it."),
+    "wire_dtype_quality": (
+        "Does bfloat16 on the wire change model quality?",
+        "bfloat16 - float32, mean", ""),
+    "hash_table_quality": (
+        "What does admission (min_count) or a row budget cost in AUC?",
+        "min_count_2: AUC - none", ""),
+    "hash_table_memory": (
+        "Does a bounded hash table keep the ps memory flat over a long stream?",
+        "bounded: ps RSS growth", ""),
+    "snapshot_stall": (
+        "Does a background snapshot stall training less than a synchronous one?",
+        "background / synchronous stall",
+        "The background commit still copies every row to the coordinator at the barrier before writing in the "
+        "background; copying on the ps tasks (in memory) and writing there would change it."),
+    "delta_snapshots": (
+        "What does a frequent delta snapshot cost per step against a frequent full one?",
+        "full60_delta10: cost per step", ""),
+    "elastic": (
+        "How long does `tf-psx scale` take, and how much work is trained again?",
+        "scale command -> first applied step", ""),
+    "tls_tunnel": (
+        "What does mutual TLS between tasks cost in throughput and latency?",
+        "TLS tunnels / plain relay, throughput", ""),
+}
 
 
 def _fmt(value) -> str:
@@ -25,18 +118,75 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _met(row) -> str:
+    ok = row.get("ok")
+    return "yes" if ok is True else "no" if ok is False else "-"
+
+
+def _value(row) -> str:
+    unit = f" {row['unit']}" if row.get("unit") else ""
+    return f"{_fmt(row['value'])}{unit}"
+
+
+def _short(metric: str, definitions: list[str]) -> tuple[str, str]:
+    """(name, detail): the name cut at ": " when long, the rest a numbered definition;
+    a closing parenthesis of per-row numbers becomes the detail shown beside the value."""
+    if len(metric) <= SHORT_METRIC or ": " not in metric:
+        return metric, ""
+    head, rest = metric.split(": ", 1)
+    # A parenthesis of per-row numbers stays with the row; its definition is the text before it.
+    numbers = re.search(r"\s*\(([^()]*\d[^()]*)\)\s*$", rest)
+    detail = ""
+    if numbers and len(rest) > SHORT_METRIC // 2:
+        detail, rest = f" ({numbers.group(1)})", rest[: numbers.start()]
+    if rest not in definitions:
+        definitions.append(rest)
+    return f"{head} [{definitions.index(rest) + 1}]", detail
+
+
+def _headline(rec: dict, key: str) -> dict | None:
+    for row in rec["rows"]:
+        if key in row["metric"]:
+            return row
+    return None
+
+
+def _summary(records: dict) -> str:
+    lines = ["\n## Summary\n\n", "| benchmark | question | result | target | met | why missed, and what would change it |\n",
+             "|---|---|---|---|---|---|\n"]
+    for name, (question, key, why) in SUMMARY.items():
+        rec = records.get(name)
+        if rec is None:
+            continue
+        row = _headline(rec, key) or {}
+        judged = [r for r in rec["rows"] if r.get("ok") is not None]
+        missed = [r for r in judged if r.get("ok") is False]
+        result = _value(row) if row else "-"
+        if judged:
+            result += f" ({len(judged) - len(missed)} of {len(judged)} targets met)"
+        met = _met(row) if row else "-"
+        lines.append(f"| [{name}](#{name}) | {question} | {result} | {row.get('target') or '-'} | {met} | "
+                     f"{why if missed else ''} |\n")
+    return "".join(lines)
+
+
 def render(records: list[dict]) -> str:
-    parts = [HEADER]
-    for rec in sorted(records, key=lambda r: r["name"]):
+    by_name = {rec["name"]: rec for rec in records}
+    order = [name for name in SUMMARY if name in by_name] + sorted(set(by_name) - set(SUMMARY))
+    parts = [HEADER, _summary(by_name)]
+    for name in order:
+        rec = by_name[name]
         parts.append(f"\n## {rec['name']}\n")
         parts.append(f"{rec['setup']}\n")
         parts.append(f"\nRan {rec['date']} on {rec['machine']}, TensorFlow {rec['tensorflow']}.\n")
         parts.append("\n| metric | value | target | met |\n|---|---|---|---|\n")
+        definitions: list[str] = []
         for row in rec["rows"]:
-            unit = f" {row['unit']}" if row.get("unit") else ""
-            ok = row.get("ok")
-            met = "yes" if ok is True else "no" if ok is False else "-"
-            parts.append(f"| {row['metric']} | {_fmt(row['value'])}{unit} | {row.get('target') or '-'} | {met} |\n")
+            name, detail = _short(row["metric"], definitions)
+            parts.append(f"| {name} | {_value(row)}{detail} | {row.get('target') or '-'} | {_met(row)} |\n")
+        if definitions:
+            parts.append("\n" + "".join(f"[{i}] {text}\n" if i == 1 else f"\n[{i}] {text}\n"
+                                        for i, text in enumerate(definitions, 1)))
         for image in rec.get("images", []):
             parts.append(f"\n![{rec['name']}]({image})\n")
     return "".join(parts)
