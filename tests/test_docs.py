@@ -1,9 +1,9 @@
 """The docs site builds in strict mode, and the code in the docs runs.
 
-Python: code blocks run page by page: the blocks of one page, in order, form
-one script (a page is a tutorial whose blocks build on each other), run in a
-fresh process in an empty directory. A page whose code starts a cluster is
-marked `processes`, like the examples.
+Python: each code block runs alone, in a fresh process in an empty
+directory, as a reader who copies one block runs it: a block never depends
+on an earlier one. A block whose code starts a cluster is marked
+`processes`, like the examples.
 
 Shell: every command of a ```bash, ```sh, ```shell or ```console block of
 README.md and docs/ runs in an empty directory with the venv first on PATH,
@@ -57,14 +57,13 @@ def _blocks(page: str) -> list[str]:
         return _PYTHON_BLOCK.findall(handle.read())
 
 
-def _page_params():
+def _block_params():
+    """One test per python block: a reader copies one block, so each must run alone."""
     params = []
     for page in PAGES:
-        blocks = _blocks(page)
-        if not blocks:
-            continue
-        marks = [pytest.mark.processes] if any(_NEEDS_CLUSTER.search(b) for b in blocks) else []
-        params.append(pytest.param(page, id=os.path.relpath(page, DOCS), marks=marks))
+        for index, block in enumerate(_blocks(page)):
+            marks = [pytest.mark.processes] if _NEEDS_CLUSTER.search(block) else []
+            params.append(pytest.param(page, index, id=f"{os.path.relpath(page, DOCS)}#{index}", marks=marks))
     return params
 
 
@@ -127,16 +126,16 @@ def test_every_page_with_code_has_its_code_tested():
     assert {"index.md", "concepts.md", "guides/partitioning.md"} <= with_code
 
 
-@pytest.mark.parametrize("page", _page_params())
-def test_python_blocks_of_the_page_run(page, tmp_path):
-    code = "\n\n".join(_blocks(page))
-    script = tmp_path / "page.py"
+@pytest.mark.parametrize("page,index", _block_params())
+def test_each_python_block_runs_alone(page, index, tmp_path):
+    code = _blocks(page)[index]
+    script = tmp_path / "block.py"
     # In-process servers cannot be stopped (TF 2.16): leave without waiting on them.
     script.write_text(code + "\n\nimport os as _os, sys as _sys\n_sys.stdout.flush(); _sys.stderr.flush(); _os._exit(0)\n")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                             timeout=SCRIPT_TIMEOUT_S, cwd=tmp_path, env=env, check=False)
-    assert result.returncode == 0, f"{page}:\n" + result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, f"{page} block {index}:\n" + result.stdout[-3000:] + result.stderr[-3000:]
 
 
 # --- shell commands -------------------------------------------------------------
