@@ -40,7 +40,7 @@ def _delayed_cluster(delay_ms: float):
     """Starts 2 ps and 1 worker behind delay proxies; returns (the coordinator's ClusterConfig, stop, the proxy)."""
     from tf_psx.cluster import supervisor as _supervisor  # pylint: disable=import-outside-toplevel
     from tf_psx.cluster import ClusterConfig  # pylint: disable=import-outside-toplevel
-    from tf_psx.cluster.local import free_ports  # pylint: disable=import-outside-toplevel
+    from tf_psx.cluster.ports import free_ports  # pylint: disable=import-outside-toplevel
     from tf_psx.cluster import netproxy  # pylint: disable=import-outside-toplevel
 
     ports = free_ports(2 * NUM_PS + 2)

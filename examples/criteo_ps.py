@@ -20,7 +20,7 @@ with --data, e.g. the 200 real rows of examples/data/criteo_kaggle_sample.tsv:
   checks that it predicts what the trained model predicts.
 
 Two workers by default: their asynchronous updates of the hash table are
-exact (tf_psx/_tf/exact_updates.py): one worker's update of a row never
+exact (tf_psx/exact_updates.py): one worker's update of a row never
 overwrites another's.
 
 On 200 rows this is a smoke run, not a benchmark: the loss and AUC it
@@ -51,7 +51,7 @@ import tensorflow as tf
 
 from tf_psx.callbacks import ClusterMonitor, PeriodicSync, StalenessBound
 from tf_psx.data import CriteoStats, criteo, criteo_dataset_fn, holdout_quality, write_criteo_sample
-from tf_psx.data.criteo import NUM_CATEGORICAL, NUM_DENSE
+from tf_psx.data.layout import NUM_CATEGORICAL, NUM_DENSE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Real Criteo rows (non-commercial licence, see examples/data/README.md): an

@@ -92,7 +92,7 @@ def test_every_public_error_is_a_tfpsx_error():
         assert getattr(tf_psx, name) is getattr(errors, name)
 
 
-@pytest.mark.parametrize("module", ["tf_psx.cluster", "tf_psx.errors", "tf_psx.cluster.k8s", "tf_psx.cli", "tf_psx.snapshots", "tf_psx.netproxy", "tf_psx.metrics", "tf_psx.doctor", "tf_psx.redaction"])
+@pytest.mark.parametrize("module", ["tf_psx.cluster", "tf_psx.errors", "tf_psx.cluster.k8s", "tf_psx.cli", "tf_psx.snapshots", "tf_psx.netproxy", "tf_psx.metrics", "tf_psx.stalls", "tf_psx.cluster.preflight", "tf_psx.cluster.ports", "tf_psx.launch", "tf_psx.redaction"])
 def test_light_modules_do_not_import_tensorflow(module):
     import subprocess  # pylint: disable=import-outside-toplevel
     import sys  # pylint: disable=import-outside-toplevel

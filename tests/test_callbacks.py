@@ -20,6 +20,8 @@ import tensorflow as tf
 
 import tf_psx
 from tf_psx import callbacks as cb
+from tf_psx.callbacks import probe
+from tf_psx.snapshots import engine
 
 from conftest import run_script
 
@@ -109,7 +111,7 @@ def psx_log(caplog):
     (0, 1.0), (2, 1.0), (3, 0.25), (9, 0.1),
 ])
 def test_scale_factor_only_scales_above_the_bound(staleness, expected):
-    factor = cb._scale_factor(tf.constant(staleness, tf.int64), 2)
+    factor = probe._scale_factor(tf.constant(staleness, tf.int64), 2)
     assert factor.dtype == tf.float64
     assert float(factor) == pytest.approx(expected)
 
@@ -352,7 +354,7 @@ class _Bumping(tf.keras.Model):
 
     def train_step(self, data):
         x, y = data
-        version = cb._PROBES[self].version
+        version = probe._PROBES[self].version
         with tf.control_dependencies([version.assign_add(self.bump)]):
             x = tf.identity(x)  # the gradients, so the apply's read of the version, come after
         with tf.GradientTape() as tape:
@@ -408,7 +410,7 @@ def test_crash_during_a_snapshot_restores_the_newest_complete_one(ps_strategy, t
         if "000000000006" in path:
             raise _Crash(path)
 
-    monkeypatch.setattr(cb, "_hook_before_commit", crash_at_step_6)
+    monkeypatch.setattr(engine, "_hook_before_commit", crash_at_step_6)
     sync = cb.PeriodicSync(2, directory)
     with pytest.raises(_Crash):
         model.fit(_creator(steps), epochs=1, steps_per_epoch=steps, callbacks=[sync, Remember(sync)], verbose=0)

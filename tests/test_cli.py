@@ -304,7 +304,7 @@ def test_a_subcommand_is_added_by_one_adder(run, monkeypatch):
 
 def test_installed_console_script_checks_tf_config():
     script = Path(sys.executable).parent / "tf-psx"
-    repo = Path(cli.__file__).parents[1]
+    repo = Path(cli.__file__).parents[2]  # tf_psx/cli/__init__.py
     assert script.exists(), f"{script} is missing. Fix: pip install --no-deps -e {repo}"
     env = {**os.environ, "TF_CONFIG": VALID_TF_CONFIG}
     good = subprocess.run(

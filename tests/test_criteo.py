@@ -38,6 +38,8 @@ from tf_psx.data import (
 # `tf_psx.data.criteo` is the function; the module is reached through sys.modules.
 criteo_module = importlib.import_module("tf_psx.data.criteo")
 generator_module = importlib.import_module("tf_psx.data.synthetic_criteo")
+layout_module = importlib.import_module("tf_psx.data.layout")
+check_module = importlib.import_module("tf_psx.data.file_check")
 
 SAMPLE_ROWS = CRITEO_ROWS
 FULL_SPACE = 2**62
@@ -114,7 +116,7 @@ def test_public_api_is_pinned():
 
 def test_tsv_and_csv_samples_give_identical_batches(tsv_file, csv_file):
     # 200 rows at batch 64: batches of 64, 64, 64, 8 in both files, compared one by one.
-    assert _lines(csv_file)[0] == criteo_module.CSV_HEADER and _lines(csv_file)[1] != _lines(tsv_file)[0]
+    assert _lines(csv_file)[0] == layout_module.CSV_HEADER and _lines(csv_file)[1] != _lines(tsv_file)[0]
     tsv_stats, csv_stats = CriteoStats(), CriteoStats()
     tsv = list(criteo(tsv_file, 64, stats=tsv_stats))
     csv_ = list(criteo(csv_file, 64, stats=csv_stats))
@@ -266,7 +268,7 @@ def test_csv_rejects_nan_dense_values(tmp_path, csv_file):
 
 
 def test_warnings_are_capped_per_file(tmp_path, tsv_file):
-    cap = criteo_module.MAX_WARNINGS_PER_FILE
+    cap = check_module.MAX_WARNINGS_PER_FILE
     path = tmp_path / "junk.tsv"
     path.write_text("".join(f"junk {i}\n" for i in range(cap + 5)) + _lines(tsv_file)[0] + "\n")
     stats = CriteoStats()
@@ -330,13 +332,13 @@ def test_batches_do_not_wait_for_the_check(tmp_path, monkeypatch, tsv_file):
     # Here the check is held until the first batch is out.
     path = write_criteo_sample(tmp_path / "held.tsv", SAMPLE_ROWS, seed=CRITEO_SEED, malformed=2).path
     release = threading.Event()
-    real_scan = criteo_module._scan
+    real_scan = check_module._scan
 
     def held_scan(check):
         assert release.wait(HELD_CHECK_TIMEOUT_S), "the test never released the check"
         real_scan(check)
 
-    monkeypatch.setattr(criteo_module, "_scan", held_scan)
+    monkeypatch.setattr(check_module, "_scan", held_scan)
     stats = CriteoStats()
     try:
         _, label = next(iter(criteo(path, 32, stats=stats)))
@@ -542,7 +544,7 @@ def test_the_pipeline_skips_exactly_the_lines_the_check_counts(tmp_path, layout)
         lines.append(sep.join(fields) + end)
         ids.append(f"{k:08x}")
     path = tmp_path / f"cases.{layout}"
-    header = criteo_module.CSV_HEADER + "\n" if layout == "csv" else ""
+    header = layout_module.CSV_HEADER + "\n" if layout == "csv" else ""
     path.write_bytes((header + "".join(lines)).encode("utf-8", "surrogateescape"))
     kept = [k for k, case in enumerate(_CASES) if case[2 if layout == "tsv" else 3]]
 
@@ -557,7 +559,7 @@ def test_the_pipeline_skips_exactly_the_lines_the_check_counts(tmp_path, layout)
     np.testing.assert_allclose(dense[:, 1], np.log1p([max(_CASES[k][4], 0.0) for k in kept]).astype(np.float32), rtol=1e-6)
     # The check counts the other lines, and finds each of them malformed.
     assert (stats.rows, stats.malformed) == (len(kept), len(_CASES) - len(kept))
-    problems = [criteo_module._problem(line.encode("utf-8", "surrogateescape"), layout) for line in lines]
+    problems = [layout_module.problem(line.encode("utf-8", "surrogateescape"), layout) for line in lines]
     assert [k for k, problem in enumerate(problems) if problem is None] == kept
 
 
@@ -664,7 +666,7 @@ def test_generator_public_api_is_pinned():
         "(path: 'PathLike', rows: 'int' = 200, *, layout: 'Layout' = 'tsv', seed: 'int' = 0, "
         "malformed: 'int' = 0) -> 'CriteoSample'"
     )
-    assert generator_module.LAYOUTS == criteo_module.FORMATS[1:] == ("tsv", "csv")
+    assert generator_module.LAYOUTS == layout_module.FORMATS[1:] == ("tsv", "csv")
     assert generator_module.MALFORMED_KINDS == ("field_count", "label", "dense_text", "dense_nan")
 
 
@@ -690,7 +692,7 @@ def test_generated_malformed_lines_are_skipped_and_counted_exactly(tmp_path, cri
     # 9 bad lines: the 4 kinds in turn ("field_count" 3 times, the others twice);
     # fewer than MAX_WARNINGS_PER_FILE, so every one is warned about.
     injected = 9
-    assert injected < criteo_module.MAX_WARNINGS_PER_FILE
+    assert injected < check_module.MAX_WARNINGS_PER_FILE
     path = str(tmp_path / f"bad.{layout}")
     sample = write_criteo_sample(path, SAMPLE_ROWS, layout=layout, seed=CRITEO_SEED, malformed=injected)
     assert Counter(sample.malformed_kinds) == {"field_count": 3, "label": 2, "dense_text": 2, "dense_nan": 2}

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tf_psx
-from tf_psx import deltas
+from tf_psx.snapshots import deltas
 from tf_psx.callbacks import PeriodicSync
 
 from conftest import run_script
@@ -310,7 +310,7 @@ def test_marks_are_not_used_where_something_else_writes_the_rows(ps_strategy, tm
 
 
 def test_a_delta_file_left_aside_by_a_crash_is_removed_by_the_next_delta(tmp_path):
-    from tf_psx import deltas  # pylint: disable=import-outside-toplevel
+    from tf_psx.snapshots import deltas  # pylint: disable=import-outside-toplevel
 
     leftover = tmp_path / "delta-000000000005.npz.tmp-0badc0de"
     leftover.write_bytes(b"half a delta")

@@ -70,7 +70,7 @@ def _doctor(*args, env=None):
 def test_doctor_checks_addresses_ports_clocks_and_versions(tmp_path):
     import tf_psx  # pylint: disable=import-outside-toplevel
     from tf_psx.cluster import ClusterConfig  # pylint: disable=import-outside-toplevel
-    from tf_psx.cluster.local import free_ports  # pylint: disable=import-outside-toplevel
+    from tf_psx.cluster.ports import free_ports  # pylint: disable=import-outside-toplevel
 
     with tf_psx.LocalCluster(num_workers=1, num_ps=1, processes=True) as cluster:
         chief_port, dead_port = free_ports(2)

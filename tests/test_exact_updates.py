@@ -16,8 +16,8 @@ import json
 import pytest
 import tensorflow as tf
 
-from tf_psx._tf import tfra as _tfra
-from tf_psx._tf import exact_updates as _exact_updates
+from tf_psx import exact_updates as _exact_updates
+from tf_psx._tf import exact_updates as _exact_door
 
 from conftest import run_script
 
@@ -72,9 +72,9 @@ def test_three_workers_on_task_processes_with_steps_per_execution():
 
 
 def test_private_hooks_are_where_they_were_read():
-    """Fails loudly when a TF / tf-keras / TFRA upgrade moves what _exact_updates patches."""
+    """Fails loudly when a TF / tf-keras / TFRA upgrade moves what tf_psx._tf.exact_updates patches."""
     _exact_updates.install()
-    base = _exact_updates._base_optimizer_class()  # pylint: disable=protected-access
+    base = _exact_door.base_optimizer_class()
     assert base.__name__ == "_BaseOptimizer"
     assert "_update_step" in base.__dict__ and "_update_step_xla" in base.__dict__
     # The patched versions keep the originals.
@@ -82,14 +82,14 @@ def test_private_hooks_are_where_they_were_read():
     optimizer = tf.keras.optimizers.Adam()
     assert "_iterations" in optimizer.__dict__
     assert hasattr(tf, "CriticalSection")
-    tfra_optimizer = _tfra.wrap_tfra_optimizer(tf.keras.optimizers.Adagrad())
+    tfra_optimizer = _exact_updates.wrap_tfra_optimizer(tf.keras.optimizers.Adagrad())
     assert "_distributed_apply_gradients_fn" in tfra_optimizer.__dict__
 
 
 def test_iterations_swap_restores_the_counter():
     optimizer = tf.keras.optimizers.Adam()
     counter = optimizer.iterations
-    with _exact_updates._iterations_as(optimizer, tf.constant(7, tf.int64)):  # pylint: disable=protected-access
+    with _exact_door.iterations_as(optimizer, tf.constant(7, tf.int64)):
         assert int(optimizer.iterations) == 7
     assert optimizer.iterations is counter
 

@@ -74,7 +74,7 @@ def test_the_tf_config_advice_is_a_chief_s_and_works_when_followed(monkeypatch):
 
 
 def test_a_cluster_that_is_not_up_is_named_while_the_strategy_waits(monkeypatch, caplog):
-    port = tf_psx.cluster.local.free_ports(1)[0]
+    port = tf_psx.cluster.ports.free_ports(1)[0]
     monkeypatch.setattr(_strategies, "WAIT_NOTICE_S", 0.5)
     with pytest.raises(tf_psx.ClusterUnreachableError, match=rf"No connection to ps:0 at 127.0.0.1:{port}"):
         _strategies.wait_until_reachable({"worker": [], "ps": [f"127.0.0.1:{port}"]}, timeout_s=1.6)

@@ -23,7 +23,7 @@ import pytest
 from tf_psx.cluster import server
 from tf_psx._tf import runtime
 from tf_psx.cluster import ClusterConfig
-from tf_psx.cluster.local import free_ports
+from tf_psx.cluster.ports import free_ports
 from tf_psx.strategies import keep_alive_seconds
 
 from conftest import REPO

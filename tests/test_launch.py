@@ -1,4 +1,4 @@
-"""Tests of `tf-psx launch` (tf_psx/launch.py).
+"""Tests of `tf-psx launch` (tf_psx/launch/).
 
 Tier (a), no servers: every invalid input exits 2 with a message naming the
 option, the value and the fix. Tier (c), marked `processes`: real launches
@@ -24,6 +24,8 @@ import pytest
 
 from tf_psx import cli, launch
 from tf_psx.launch import Launcher, LaunchError
+from tf_psx.launch.contract import exit_code
+from tf_psx.launch.launcher import _describe_status
 
 from launch_harness import SCRIPTS, LaunchRun, pid_alive
 
@@ -116,9 +118,9 @@ def test_helpers_read_the_environment(monkeypatch):
 
 def test_exit_status_of_a_signalled_chief_is_128_plus_the_signal():
     # Shell convention; the chaos tests and users' scripts rely on it.
-    assert launch._exit_code(-signal.SIGKILL) == 137
-    assert launch._exit_code(3) == 3
-    assert launch._describe_status(-9) == "-9 (killed by SIGKILL)"
+    assert exit_code(-signal.SIGKILL) == 137
+    assert exit_code(3) == 3
+    assert _describe_status(-9) == "-9 (killed by SIGKILL)"
 
 
 # --- tier (c): real launches with a cheap chief ----------------------------

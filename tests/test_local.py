@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 import tf_psx
-from tf_psx.cluster.local import port_is_listening
+from tf_psx.cluster.ports import port_is_listening
 
 from conftest import run_script
 
@@ -122,7 +122,8 @@ def test_task_whose_port_is_taken_fails_and_names_its_log(tmp_path, monkeypatch)
     thief.bind(("0.0.0.0", 0))
     thief.listen()
     taken = thief.getsockname()[1]
-    real_free_ports = tf_psx.cluster.local.free_ports
+    real_free_ports = tf_psx.cluster.ports.free_ports
+    # Patched where LocalCluster looks it up (tf_psx.cluster.local), not where it is defined.
     monkeypatch.setattr(tf_psx.local, "free_ports", lambda n: real_free_ports(n - 1) + [taken])
     try:
         with pytest.raises(tf_psx.cluster.local.TaskFailedError, match=r"task ps:0 exited while starting.*its log is .*ps-0\.log"):

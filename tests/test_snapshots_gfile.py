@@ -101,7 +101,7 @@ def test_periodic_sync_on_ram_under_the_cluster_writes_through_the_coordinator(p
     sync = tf_psx.callbacks.PeriodicSync(every_n_steps=3, directory=directory, background=background)
     model.fit(tf.keras.utils.experimental.DatasetCreator(dataset), epochs=1, steps_per_epoch=6, verbose=0,
               callbacks=[sync])
-    options = sync._options  # pylint: disable=protected-access  (tf_psx's own class)
+    options = sync._engine.options  # pylint: disable=protected-access  (tf_psx's own class)
     assert options.experimental_io_device == "/job:chief/replica:0/task:0/device:CPU:0"
     assert options.experimental_enable_async_checkpoint == background
     assert [s.step for s in tf_psx.callbacks.PeriodicSync.snapshots(directory)] == [3, 6]

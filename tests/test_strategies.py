@@ -291,7 +291,7 @@ def test_tf_tutorial_code_with_the_class_swapped(local_cluster):
 
 
 def test_unreachable_cluster_raises_in_time():
-    from tf_psx.cluster.local import free_ports  # pylint: disable=import-outside-toplevel
+    from tf_psx.cluster.ports import free_ports  # pylint: disable=import-outside-toplevel
 
     worker, ps = free_ports(2)
     config = tf_psx.ClusterConfig(workers=[f"127.0.0.1:{worker}"], ps=[f"127.0.0.1:{ps}"])

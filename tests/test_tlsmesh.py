@@ -18,7 +18,7 @@ import pytest
 
 from tf_psx.cluster import tlsmesh
 from tf_psx.errors import TFConfigError
-from tf_psx.cluster.local import free_ports
+from tf_psx.cluster.ports import free_ports
 from tf_psx.cluster.netproxy import TLSTunnel, tls_context
 
 from tls_pki import make_pki, needs_openssl, refused_without_certificate

@@ -381,7 +381,7 @@ def shard_load(ids, num_rows: int, num_shards: int, placement: Any = "div", batc
         name = placement
         shard = flat % num_shards if placement == "mod" else div_shard_of(flat, num_rows, num_shards)
     elif hasattr(placement, "balance") and hasattr(placement, "input_dim"):
-        from tf_psx.layers import balanced_permutation  # pylint: disable=import-outside-toplevel
+        from tf_psx.layers.sharded import balanced_permutation  # pylint: disable=import-outside-toplevel
 
         rows = balanced_permutation(flat, num_rows) if placement.balance else flat
         shard = div_shard_of(rows, num_rows, num_shards)

@@ -17,13 +17,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_psx import _checks, _quiet, partitioners as _partitioners, weights as _weights
-from tf_psx._tf import exact_updates as _exact_updates, fit_inputs as _fit_inputs, keras as _tf_keras, runtime as _runtime
-from tf_psx._tf import lookup_tables as _lookup_tables, sync as _sync, tfra as _tfra
+from tf_psx import _checks, _quiet, exact_updates as _exact_updates, partitioners as _partitioners, weights as _weights
+from tf_psx import sync_training as _sync_training
+from tf_psx._tf import fit_inputs as _fit_inputs, keras as _tf_keras, runtime as _runtime
+from tf_psx._tf import distributed_table as _distributed_table, tfra as _tfra
 from tf_psx._tf import weights as _weights_hook
 from tf_psx.cluster import ClusterConfig
 from tf_psx.errors import ClusterUnreachableError, Keras3Error, LocalResourcesError, TFConfigError
-from tf_psx.cluster.local import LocalCluster, port_is_listening
+from tf_psx.cluster.config import ClusterSource
+from tf_psx.cluster.ports import address_listens
 
 __all__ = [
     "ParameterServerStrategy",
@@ -57,14 +59,6 @@ CONNECT_POLL_S = 0.5
 SYNC_TIMEOUT_S = 60.0
 
 
-def _address_listens(address: str) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        return port_is_listening(int(port), host.strip("[]") or "localhost")
-    except (OSError, ValueError):  # unknown host, bad port: not reachable (yet)
-        return False
-
-
 # A line says which tasks the strategy still waits for, this often.
 WAIT_NOTICE_S = 10.0
 
@@ -84,7 +78,7 @@ def wait_until_reachable(jobs: dict, timeout_s: float) -> None:
     deadline = start + timeout_s
     said = 0
     while True:
-        pending = [task for task in pending if not _address_listens(task[2])]
+        pending = [task for task in pending if not address_listens(task[2])]
         if not pending:
             return
         waited = time.monotonic() - start
@@ -117,9 +111,8 @@ def _resolver_from(cluster: Any):
     resolvers = tf.distribute.cluster_resolver
     if cluster is None or isinstance(cluster, (str, dict)):
         cluster = ClusterConfig.from_tf_config(cluster)
-    if isinstance(cluster, LocalCluster):
-        cluster.start()
-        cluster = cluster.config
+    if isinstance(cluster, ClusterSource):  # a tf_psx.LocalCluster: started here if needed
+        cluster = cluster.running_config()
     if isinstance(cluster, ClusterConfig):
         cluster.validate_for_parameter_server()
         if cluster.task_type in _SERVER_TASKS:
@@ -217,7 +210,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         "fixed:4", "min_size:256k"). `partitioner=` is an alias.
       exact_updates: apply each variable's optimizer update as one unit, so
         that several async workers never lose or double an update (see
-        `tf_psx._tf.exact_updates`). True by default; False gives TF's own
+        `tf_psx.exact_updates`). True by default; False gives TF's own
         update path.
       connect_timeout_s: how long to wait for every worker and ps task to
         accept connections before raising `ClusterUnreachableError` (TF's
@@ -315,18 +308,18 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         # fit's and evaluate's input read by the coordinator, sent with each step (tf_psx._tf.fit_inputs).
         _fit_inputs.install()
         _quiet.install_log_filter()
-        # Models with TFRA's own layers: exact table updates at compile (tf_psx._tf.tfra).
-        _tfra.install_tfra_optimizer_hook()
+        # Models with TFRA's own layers: exact table updates at compile (tf_psx.exact_updates).
+        _exact_updates.install_tfra_optimizer_hook()
         _install_tfra_shadows_if_imported()
-        # Lookup layers in exact evaluation's loop (tf_psx._tf.lookup_tables).
-        _lookup_tables.install()
+        # Lookup layers in exact evaluation's loop (tf_psx._tf.distributed_table).
+        _distributed_table.install()
         self.sync_controller = None
         if sync is not False:
-            _sync.install()
-            self.sync_controller = _sync.SyncController(
+            _sync_training.install()
+            self.sync_controller = _sync_training.SyncController(
                 self, enabled=sync is True, replicas_to_aggregate=replicas_to_aggregate,
                 timeout_s=sync_timeout_s, worker_addresses=list(workers),
-                address_listens=_address_listens)
+                address_listens=address_listens)
 
     def scope(self):  # pylint: disable=useless-parent-delegation
         """As TF's `scope`; TFRA imported since the strategy was made gets per-worker shadows first."""
@@ -339,7 +332,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
             fn = self.sync_controller.wrap_step(fn)
         return super().run(fn, args=args, kwargs=kwargs, options=options)
 
-    def _sync_or_raise(self, what: str) -> "_sync.SyncController":
+    def _sync_or_raise(self, what: str) -> "_sync_training.SyncController":
         if self.sync_controller is None:
             raise ValueError(
                 f"{what} needs a strategy made with sync=True or sync=\"switchable\"; this one has sync=False. "

@@ -16,7 +16,7 @@ For every key seen in training it holds two int64s:
 Counting runs in the forward pass under a lock on the meta table's first ps
 task (a read and a write of each key's pair, exact under several workers);
 the optimizer writes back only rows of admitted keys
-(`tf_psx._tf.exact_updates`). `TablePolicy.evict` runs between steps (the
+(`tf_psx.exact_updates`). `TablePolicy.evict` runs between steps (the
 `tf_psx.callbacks.TableEviction` callback) and removes rows, slots and meta
 entries under both tables' locks, rechecking that a victim was not used
 since it was chosen.
@@ -42,7 +42,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tf_psx._tf import exact_updates as _exact_updates, tfra as _tfra
+from tf_psx import exact_updates as _exact_updates
+from tf_psx._tf import tfra as _tfra
 
 __all__ = ["TablePolicy", "DiskTier", "EvictionReport", "SPILLED", "restore_tables", "seed_policies", "slot_tables",
            "hash_table_layers"]

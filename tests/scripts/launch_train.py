@@ -127,7 +127,7 @@ def main():
 
         callbacks.append(PeriodicSync(args.every, launch.snapshot_dir()))
         if args.slow_commit_at and os.environ.get(launch.CHIEF_ATTEMPT_ENV, "0") == "0":
-            import tf_psx.callbacks as callbacks_module  # pylint: disable=import-outside-toplevel
+            import tf_psx.snapshots.engine as engine_module  # pylint: disable=import-outside-toplevel
 
             def slow_commit(path):
                 # PeriodicSync's seam between a snapshot's files and its commit.
@@ -135,7 +135,7 @@ def main():
                     print(f"tf_psx committing snapshot step={args.slow_commit_at}", flush=True)
                     time.sleep(30)
 
-            setattr(callbacks_module, "_hook_before_commit", slow_commit)
+            setattr(engine_module, "_hook_before_commit", slow_commit)
     callbacks.append(progress)
     history = model.fit(
         tf.keras.utils.experimental.DatasetCreator(dataset_fn),

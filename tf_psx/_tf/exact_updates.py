@@ -1,155 +1,121 @@
-"""Exact optimizer updates under several asynchronous workers.
+"""The tf-keras 2.16 optimizer internals that tf_psx.exact_updates patches and reads.
 
-tf-keras optimizers write a variable's update as several separate ops: SGD
-runs `m.assign(m * momentum)`, `m.scatter_add(...)` and `var.assign_add(m)`
-(even at momentum 0), Adam decays and scatters `m` and `v` and then reads
-them back, and bias-corrects with the global `iterations`. With one worker
-the ops of two steps never interleave. With several, they do, on the same
-ps variable: measured with stock `SGD` and 2 workers, 1.2x to 1.4x of the
-true update was applied (worker A's `var.assign_add(m)` adds worker B's
-gradient, which B adds again).
+The per-variable lock protocol itself is tf_psx.exact_updates; this module
+only reaches into tf-keras, and runs what its caller passes in:
 
-Here each variable's update runs as one unit. Every trainable variable (each
-shard of a sharded one) gets a `tf.CriticalSection` on its own ps task, and
-the optimizer's `_update_step` for that variable runs inside it: the
-gradient is first copied to the ps (so the lock is never held while data is
-still in flight from a worker), then the optimizer's own ops run under the
-lock, and the lock is released when every op they created has run. Locks
-are per variable, so updates of different variables (and different shards)
-still run in parallel; only two updates of the same shard wait on each other,
-which is what the `use_locking` kernels of TF's fused optimizers do too.
+* `install(applies, locked_update)`: `_BaseOptimizer._update_step` and
+  `_update_step_xla` (`optimizers/optimizer.py`) call
+  `locked_update(original, optimizer, gradient, variable)` when
+  `applies(optimizer, variable)`; the XLA path then runs unjitted (a mutex
+  cannot be compiled).
+* `install_compile_hook(after_compile)`: `Model.compile` calls
+  `after_compile(model)` once the model is compiled.
+* what the protocol reads: `_iterations` (swapped for a per-variable counter),
+  `_var_key`, `_index_dict`, `_variables`, `_distribution_strategy`,
+  `_coalesced_children`, the EMA update, a legacy optimizer's `_momentum`,
+  and the slots by tf-keras's naming.
 
-Adam-family optimizers bias-correct with the step number. Under several
-workers the global `iterations` is read by two steps at once, so each
-variable also gets its own step counter, colocated with it, read and
-incremented under the lock; inside the update `optimizer.iterations` is that
-counter. With one worker it equals the global count. The counters are
-tracked by the optimizer (`_tf_psx_local_steps`), so they are checkpointed
-and restored with it.
-
-Written against tf-keras 2.16 (`optimizers/optimizer.py`: `_BaseOptimizer.
-_update_step`, `_update_step_xla`, `_iterations`, `_var_key`) and TF 2.16.2
-(`tf.CriticalSection`). `tests/test_exact_updates.py` fails loudly if they move.
+Written against tf-keras 2.16 and TF 2.16.2; tests/test_exact_updates.py
+fails loudly if they move.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import itertools
-import logging
 import threading
-import weakref
 
-import tensorflow as tf
+from tf_psx._tf import keras as _tf_keras
 
-from tf_psx._tf import keras as _tf_keras, tfra as _tfra
-from tf_psx.errors import TFRAOptimizerError
-
-# Attribute names on the optimizer instance.
-_STATE_ATTR = "_tf_psx_update_locks"
-_STEPS_ATTR = "_tf_psx_local_steps"
-# Counter values to set when the counter is made (`restore_counter_later`).
-_PENDING_ATTR = "_tf_psx_pending_steps"
-# Row marks (`register_row_marks`): variable key -> bool [rows], set by every update of the variable.
-_MARKS_ATTR = "_tf_psx_row_marks"
-# Mutexes are shared by name on their ps task; the counter keeps two
-# optimizers (or two processes' variables of one name) apart.
-_LOCK_PREFIX = "tf_psx_update_lock"
-_ids = itertools.count()
 _install_lock = threading.Lock()
 _INSTALLED = False
+_COMPILE_HOOKED = False
 
 
-def _base_optimizer_class():
+def base_optimizer_class():
+    """tf-keras 2.16's `_BaseOptimizer` (the base of `tf.keras.optimizers.Optimizer`)."""
     return _tf_keras.keras().optimizers.Optimizer.__mro__[1]
 
 
-def _strategy_wants_exact(optimizer) -> bool:
-    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
-    strategy = strategy or getattr(optimizer, "_distribution_strategy", None)
-    return bool(getattr(strategy, "exact_updates", False))
-
-
-def _is_tfra_shadow(variable) -> bool:
-    # TFRA's per-batch buffers are written back to the hash tables by TFRA's
-    # own apply path (tf_psx.layers.DynamicEmbedding handles those).
-    return type(variable).__module__.startswith("tensorflow_recommenders_addons")
-
-
-def _applies(optimizer, variable) -> bool:
-    return (
-        getattr(variable, "_unique_id", None) is not None
-        and not _is_tfra_shadow(variable)
-        and _strategy_wants_exact(optimizer)
-    )
-
-
-def _state(optimizer, key: str, variable_scope, lock_device: str):
-    """The (lock, step counter) stored under `key`, created on first use.
+def install(applies, locked_update) -> None:
+    """Routes tf-keras optimizer updates through `locked_update` where `applies` (once per process).
 
     Args:
-      optimizer: the optimizer that owns them (the counters are tracked by it,
-        so they are checkpointed with it).
-      key: what the state belongs to (a variable's key, or a TFRA table).
-      variable_scope: a callable returning the context in which the counter
-        is created (where it is placed).
-      lock_device: the device of the lock.
+      applies: `applies(optimizer, variable)`, True when the update of
+        `variable` must run under its lock.
+      locked_update: `locked_update(original, optimizer, gradient, variable)`
+        runs `original(optimizer, gradient, variable)` (tf-keras's own
+        `_update_step`) under the lock and returns a tensor.
     """
-    locks = optimizer.__dict__.setdefault(_STATE_ATTR, {})
-    if key in locks:
-        return locks[key]
-    name = key.replace("/", "_").replace(":", "_")
-    with tf.init_scope():
-        if not hasattr(optimizer, _STEPS_ATTR):
-            # A tracked dict: the counters are saved with the optimizer.
-            setattr(optimizer, _STEPS_ATTR, {})
-            _keep_in_saved_children(optimizer)
-        with variable_scope():
-            step = tf.Variable(
-                tf.constant(0, tf.int64),
-                trainable=False,
-                name=f"{name}_local_step",
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-            )
-        with tf.device(lock_device):
-            lock = tf.CriticalSection(shared_name=f"{_LOCK_PREFIX}_{next(_ids)}")
-        getattr(optimizer, _STEPS_ATTR)[name] = step
-        pending = optimizer.__dict__.get(_PENDING_ATTR, {})
-        if name in pending:
-            # After the deferred restore (from the full snapshot) that tracking just ran.
-            step.assign(pending.pop(name))
-    locks[key] = (lock, step)
-    return locks[key]
+    global _INSTALLED  # pylint: disable=global-statement
+    with _install_lock:
+        if _INSTALLED:
+            return
+        base = base_optimizer_class()
+        original_update = base._update_step  # pylint: disable=protected-access
+        original_xla = base.__dict__["_update_step_xla"]
+
+        def _update_step(self, gradient, variable):
+            if not applies(self, variable):
+                return original_update(self, gradient, variable)
+            return locked_update(original_update, self, gradient, variable)
+
+        def _update_step_xla(self, gradient, variable, key):
+            # A mutex cannot be compiled by XLA: the exact path runs unjitted.
+            if applies(self, variable):
+                return _update_step(self, gradient, variable)
+            return original_xla.__get__(self, type(self))(gradient, variable, key)
+
+        _update_step.__wrapped__ = original_update
+        _update_step_xla.__wrapped__ = original_xla
+        base._update_step = _update_step  # pylint: disable=protected-access
+        base._update_step_xla = _update_step_xla  # pylint: disable=protected-access
+        _INSTALLED = True
 
 
-def _keep_in_saved_children(optimizer) -> None:
-    """Makes the counters' dict a saved child of the optimizer even when its children were listed before.
+def original_update_step():
+    """tf-keras's own `_update_step(optimizer, gradient, variable)`, without the lock."""
+    method = base_optimizer_class()._update_step  # pylint: disable=protected-access
+    return getattr(method, "__wrapped__", method)
+
+
+def update_step(optimizer, gradient, variable):
+    """`optimizer._update_step(gradient, variable)`: locked when `install`'s `applies` says so."""
+    return optimizer._update_step(gradient, variable)  # pylint: disable=protected-access
+
+
+def update_moving_average(optimizer, variables: list) -> None:
+    """The EMA update tf-keras runs after an apply when `use_ema` is set."""
+    optimizer._update_model_variables_moving_average(variables)  # pylint: disable=protected-access
+
+
+@contextlib.contextmanager
+def iterations_as(optimizer, value):
+    """Makes `optimizer.iterations` read `value` inside the block."""
+    original = optimizer.__dict__["_iterations"]
+    # object.__setattr__: a plain swap, not a new tracked dependency.
+    object.__setattr__(optimizer, "_iterations", value)
+    try:
+        yield
+    finally:
+        object.__setattr__(optimizer, "_iterations", original)
+
+
+def keep_in_saved_children(optimizer, name: str) -> None:
+    """Makes the attribute `name` a saved child of the optimizer even when its children were listed before.
 
     tf-keras 2.16's `_BaseOptimizer._trackable_children` computes the
     children once and caches them (`_coalesced_children`); a checkpoint
-    listed before the first update (a restore, PeriodicSync's checks, a delta
-    tracker) would otherwise leave the counters out of every later save.
+    listed before the attribute was set (a restore, PeriodicSync's checks, a
+    delta tracker) would otherwise leave it out of every later save.
     """
     cached = optimizer.__dict__.get("_coalesced_children")
-    if cached is not None and _STEPS_ATTR not in cached:
-        cached[_STEPS_ATTR] = getattr(optimizer, _STEPS_ATTR)
+    if cached is not None and name not in cached:
+        cached[name] = getattr(optimizer, name)
 
 
-def register_row_marks(optimizer, variable, mask) -> bool:
-    """Has every exact update of `variable` (a shard) set `mask[row]` for the rows it writes.
-
-    Only updates traced after the registration set marks: the caller makes
-    the train function again when this returns True (a new registration).
-
-    Returns:
-      True when `mask` was not registered for `variable` before.
-    """
-    marks = optimizer.__dict__.setdefault(_MARKS_ATTR, {})
-    key = optimizer._var_key(variable)  # pylint: disable=protected-access
-    new = marks.get(key) is not mask
-    marks[key] = mask
-    return new
+def var_key(optimizer, variable) -> str:
+    """The optimizer's key for `variable` (tf-keras `_var_key`)."""
+    return optimizer._var_key(variable)  # pylint: disable=protected-access
 
 
 def updates(optimizer, variable) -> bool:
@@ -157,9 +123,24 @@ def updates(optimizer, variable) -> bool:
     return optimizer._var_key(variable) in getattr(optimizer, "_index_dict", {})  # pylint: disable=protected-access
 
 
-def row_marks_of(optimizer, variable):
-    """The mask registered for `variable`, or None."""
-    return optimizer.__dict__.get(_MARKS_ATTR, {}).get(optimizer._var_key(variable))  # pylint: disable=protected-access
+def optimizer_variables(optimizer) -> list:
+    """Every variable the optimizer made (tf-keras `_variables`: slots, and TFRA's slot shadows)."""
+    return optimizer._variables  # pylint: disable=protected-access
+
+
+def strategy_of(optimizer):
+    """The strategy the optimizer was made under, or None (tf-keras `_distribution_strategy`)."""
+    return getattr(optimizer, "_distribution_strategy", None)
+
+
+def has_unique_id(variable) -> bool:
+    """True for a variable with its own resource (tf `_unique_id`); False for containers such as TFRA's."""
+    return getattr(variable, "_unique_id", None) is not None
+
+
+def legacy_momentum(optimizer) -> bool:
+    """True when a legacy (`tf.keras.optimizers.legacy`) optimizer has momentum (its `_momentum`)."""
+    return bool(getattr(optimizer, "_momentum", False))
 
 
 def slots_of(optimizer, variables: list) -> dict[int, list]:
@@ -170,6 +151,8 @@ def slots_of(optimizer, variables: list) -> dict[int, list]:
     or device does not match exactly is left out (the caller treats the
     variables it cannot pair by content).
     """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
     names = [variable.name.split(":")[0] for variable in variables]
     # A name two variables share pairs with neither: their slots are fingerprinted.
     by_name = {name: variable for name, variable in zip(names, variables) if names.count(name) == 1}
@@ -187,427 +170,8 @@ def slots_of(optimizer, variables: list) -> dict[int, list]:
     return out
 
 
-def counter_path_name(path: str) -> str | None:
-    """The counter name in a checkpoint path `optimizer/_tf_psx_local_steps/<name>`, else None."""
-    head = f"optimizer/{_STEPS_ATTR}/"
-    return path[len(head):] if path.startswith(head) else None
-
-
-def restore_counter_later(optimizer, name: str, value) -> None:
-    """Sets the step counter `name` to `value` when the first update creates it (a delta snapshot's value)."""
-    optimizer.__dict__.setdefault(_PENDING_ATTR, {})[name] = int(value)
-
-
-def _state_for(optimizer, variable):
-    """The (lock, step counter) of `variable`, on its ps task."""
-    strategy = tf.distribute.get_strategy()
-    return _state(
-        optimizer,
-        optimizer._var_key(variable),  # pylint: disable=protected-access
-        lambda: strategy.extended.colocate_vars_with(variable),
-        variable.device,
-    )
-
-
-@contextlib.contextmanager
-def _iterations_as(optimizer, value):
-    """Makes `optimizer.iterations` read `value` inside the block."""
-    original = optimizer.__dict__["_iterations"]
-    # object.__setattr__: a plain swap, not a new tracked dependency.
-    object.__setattr__(optimizer, "_iterations", value)
-    try:
-        yield
-    finally:
-        object.__setattr__(optimizer, "_iterations", original)
-
-
-def _on_variable_device(gradient, variable):
-    with tf.device(variable.device):
-        if isinstance(gradient, tf.IndexedSlices):
-            return tf.IndexedSlices(tf.identity(gradient.values), tf.identity(gradient.indices), gradient.dense_shape)
-        return tf.identity(gradient)
-
-
-# TF's automatic control dependencies run every stateful op that has no
-# resource input in program order, within a traced function
-# (auto_control_deps.py, last_write_to_resource[None]). The lock release of
-# a CriticalSection (ConsumeMutexLock, whose input is a variant) is such an
-# op, so the releases of all variables' locks were chained one after the
-# other, across ps tasks: measured 1.5x to 1.9x ms/step on a 26-table model
-# with 2 workers. Our release ops need no order among themselves (each waits
-# for its own update through data edges); they are exempted from that chain,
-# and each is kept alive by a read of its variable's counter, a resource op
-# that the function must run.
-_UNORDERED_RELEASES: "weakref.WeakSet" = weakref.WeakSet()
-_ORDER_PATCHED = False
-
-
-def _exempt_release_from_ordering(output) -> None:
-    global _ORDER_PATCHED  # pylint: disable=global-statement
-    if tf.executing_eagerly():
-        return
-    from tensorflow.python.framework import auto_control_deps  # pylint: disable=import-outside-toplevel
-
-    with _install_lock:
-        if not _ORDER_PATCHED:
-            original = auto_control_deps.op_is_stateful
-
-            def op_is_stateful(op):
-                if op in _UNORDERED_RELEASES:
-                    return False
-                return original(op)
-
-            op_is_stateful.__wrapped__ = original
-            auto_control_deps.op_is_stateful = op_is_stateful
-            _ORDER_PATCHED = True
-    for op in output.op.control_inputs:
-        if op.type == "ConsumeMutexLock":
-            _UNORDERED_RELEASES.add(op)
-
-
-def _execute_unordered(lock, update, step):
-    """`lock.execute(update)`, its release unordered, kept alive by a read of `step`."""
-    output = lock.execute(update, exclusive_resource_access=False)
-    _exempt_release_from_ordering(output)
-    with tf.control_dependencies([output]):
-        return step.read_value()
-
-
-_READS_ITERATIONS: dict[type, bool] = {}
-
-
-def _reads_iterations(optimizer) -> bool:
-    """True when the optimizer's `update_step` uses the step number (Adam's bias correction).
-
-    Read from the source of the first `update_step` in the class's MRO and
-    of the ones it may call up the chain; when the source cannot be read,
-    True (the counter is then kept, which is always correct).
-    """
-    cls = type(optimizer)
-    if cls not in _READS_ITERATIONS:
-        try:
-            sources = [inspect.getsource(klass.__dict__["update_step"]) for klass in cls.__mro__
-                       if "update_step" in klass.__dict__]
-            _READS_ITERATIONS[cls] = any("iterations" in source for source in sources)
-        except (OSError, TypeError):
-            _READS_ITERATIONS[cls] = True
-    return _READS_ITERATIONS[cls]
-
-
-def _run_counted(optimizer, step, run):
-    """Runs `run()` (the optimizer's own ops) and returns a tensor that waits for all of them.
-
-    With an optimizer that bias-corrects by the step number, `iterations`
-    reads the variable's own counter inside `run`, which is then advanced.
-    """
-    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-    before = set(graph.get_operations()) if graph is not None else set()
-    counted = _reads_iterations(optimizer)
-    if counted:
-        with _iterations_as(optimizer, step.read_value()):
-            run()
-    else:
-        run()
-    created = [op for op in graph.get_operations() if op not in before] if graph is not None else []
-    # The lock is released once the returned tensor exists: make it wait for
-    # every op of the update.
-    with tf.control_dependencies(created):
-        return step.assign_add(1, read_value=True) if counted else tf.constant(0, tf.int64)
-
-
-def _mark_rows(optimizer, gradient, variable) -> None:
-    """Marks the rows this update writes, when marks are registered for `variable`."""
-    mask = optimizer.__dict__.get(_MARKS_ATTR, {}).get(optimizer._var_key(variable))  # pylint: disable=protected-access
-    if mask is None:
-        return
-    if isinstance(gradient, tf.IndexedSlices):
-        mask.scatter_update(tf.IndexedSlices(tf.ones_like(gradient.indices, dtype=tf.bool), gradient.indices))
-    else:
-        mask.assign(tf.ones_like(mask, dtype=tf.bool))
-
-
-def _locked_update(original, optimizer, gradient, variable):
-    lock, step = _state_for(optimizer, variable)
-    gradient = _on_variable_device(gradient, variable)
-
-    def run():
-        original(optimizer, gradient, variable)
-        _mark_rows(optimizer, gradient, variable)
-
-    def update():
-        return _run_counted(optimizer, step, run)
-
-    return _execute_unordered(lock, update, step)
-
-
-def install() -> None:
-    """Routes tf-keras optimizer updates through `_locked_update` (once per process).
-
-    The patch is inert unless the strategy in scope has `exact_updates`
-    set (tf_psx.ParameterServerStrategy does by default).
-    """
-    global _INSTALLED  # pylint: disable=global-statement
-    with _install_lock:
-        if _INSTALLED:
-            return
-        base = _base_optimizer_class()
-        original_update = base._update_step  # pylint: disable=protected-access
-        original_xla = base.__dict__["_update_step_xla"]
-
-        def _update_step(self, gradient, variable):
-            if not _applies(self, variable):
-                return original_update(self, gradient, variable)
-            return _locked_update(original_update, self, gradient, variable)
-
-        def _update_step_xla(self, gradient, variable, key):
-            # A mutex cannot be compiled by XLA: the exact path runs unjitted.
-            if _applies(self, variable):
-                return _update_step(self, gradient, variable)
-            return original_xla.__get__(self, type(self))(gradient, variable, key)
-
-        _update_step.__wrapped__ = original_update
-        _update_step_xla.__wrapped__ = original_xla
-        base._update_step = _update_step  # pylint: disable=protected-access
-        base._update_step_xla = _update_step_xla  # pylint: disable=protected-access
-        _INSTALLED = True
-
-
-# --- TFRA hash tables (written against TFRA 0.8.1's DynamicEmbeddingOptimizer) ---
-#
-# TFRA trains a table through per-batch "shadow" buffers: the forward pass
-# copies the batch's rows into the shadow, the optimizer updates the shadow
-# (and one shadow per slot), and the result is written back to the table
-# (`upsert`, or with bp_v2 a delta). Written back as values, two workers that
-# looked up the same row both write their own "old row + my update", and one
-# update is lost (measured: 0.66 of the true SGD update with 2 workers). With
-# bp_v2 the row delta is exact for SGD, but the slots (Adagrad's accumulator,
-# Adam's moments) and new keys still race.
-#
-# Here each table's update runs as one unit under a lock on the table's first
-# ps task: read the rows and slots afresh from the table, run the optimizer's
-# own update on the shadows, write rows and slots back. Keys that are still
-# absent keep the value the forward pass used (TFRA draws a fresh random row
-# per lookup of an absent key). Adam-family bias correction uses a per-table
-# step counter, as for ordinary variables above.
-
-
-def _tfra_slots_of(optimizer, shadow):
-    ids = shadow.ids
-    return [
-        slot
-        for slot in optimizer._variables  # pylint: disable=protected-access
-        if slot is not shadow and _is_tfra_shadow(slot) and getattr(slot, "ids", None) is ids
-    ]
-
-
-def _tfra_state_for(optimizer, shadow):
-    """The (lock, step counter) of the table behind `shadow`, on the table's first ps task."""
-    return _table_state(optimizer, shadow.params)
-
-
-def _table_state(optimizer, params):
-    device = params.devices[0]
-    return _state(optimizer, f"tfra/{params.name}", lambda: tf.device(device), device)
-
-
-def table_lock(optimizer, params):
-    """The lock that `optimizer`'s updates of the TFRA table `params` run under (created on first use)."""
-    return _table_state(optimizer, params)[0]
-
-
-def run_locked(lock, fn):
-    """`lock.execute(fn)` in a traced step, its release kept out of TF's program-order chain.
-
-    The release is a control input of the returned value: whatever uses
-    the value waits for it.
-    """
-    output = lock.execute(fn, exclusive_resource_access=False)
-    _exempt_release_from_ordering(output)
-    return output
-
-
-def _fresh_slot_rows(optimizer, slot, ids):
-    """The slot's rows for `ids` from its table; absent keys get the optimizer's initial slot value.
-
-    TFRA builds a slot table's default from the shadow's initial value, an
-    empty [0, dim] tensor, so Adagrad's and Ftrl's accumulators of new keys
-    started at 0 instead of `initial_accumulator_value` (0.1 by default):
-    measured 1.41x the true Adagrad move even with one worker.
-    """
-    fresh, exists = slot.params.lookup(ids, return_exists=True)
-    initial = getattr(optimizer, "initial_accumulator_value", None)
-    if initial is None or "accumulator" not in slot.params.name.rsplit("/", 1)[-1]:
-        return fresh
-    return tf.where(tf.reshape(exists, [-1, 1]), fresh, tf.cast(initial, fresh.dtype) * tf.ones_like(fresh))
-
-
-def _tfra_locked_update(original, optimizer, gradient, shadow):
-    from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=import-outside-toplevel
-
-    if not shadow.params.trainable:
-        return tf.no_op()
-    lock, step = _tfra_state_for(optimizer, shadow)
-    slots = _tfra_slots_of(optimizer, shadow)
-    # As TFRA's own apply does: the shadow's checkpoint and restrict policy
-    # follow its slots.
-    shadow._track_optimizer_slots(slots)  # pylint: disable=protected-access
-    params = shadow.params
-
-    admission = _tfra.admission_of(params)
-
-    def update():
-        ids = shadow.ids.read_value()
-        forward_rows = shadow.read_value(do_prefetch=False)
-        fresh, exists = params.lookup(ids, return_exists=True)
-        rows = tf.where(tf.reshape(exists, [-1, 1]), fresh, forward_rows)
-        loads = [gen_resource_variable_ops.assign_variable_op(shadow.handle, rows)]
-        for slot in slots:
-            loads.append(gen_resource_variable_ops.assign_variable_op(slot.handle, _fresh_slot_rows(optimizer, slot, ids)))
-        with tf.control_dependencies(loads):
-            done = _run_counted(optimizer, step, lambda: original(optimizer, gradient, shadow))
-        with tf.control_dependencies([done]):
-            new_rows = shadow.read_value(do_prefetch=False)
-            new_slots = [slot.read_value(do_prefetch=False) for slot in slots]
-            if admission is not None:
-                # Only admitted keys get a row and slots (tf_psx.tables.TablePolicy).
-                keep = tf.reshape(admission(ids), [-1])
-                ids = tf.reshape(ids, [-1])
-                ids = tf.boolean_mask(ids, keep)
-                new_rows = tf.boolean_mask(new_rows, keep)
-                new_slots = [tf.boolean_mask(value, keep) for value in new_slots]
-            writes = [params.upsert(ids, new_rows)]
-            writes += [slot.params.upsert(ids, value) for slot, value in zip(slots, new_slots)]
-            if params.restrict_policy is not None:
-                writes.append(params.restrict_policy.apply_update(ids))
-        with tf.control_dependencies(writes):
-            return tf.identity(done)
-
-    return _execute_unordered(lock, update, step)
-
-
-def tfra_apply_gradients_fn(optimizer, tfra_fn):
-    """An exact `_distributed_apply_gradients_fn` for a TFRA-wrapped optimizer.
-
-    Args:
-      optimizer: a tf-keras optimizer already wrapped by TFRA's
-        `DynamicEmbeddingOptimizer`.
-      tfra_fn: TFRA's own function, used when the strategy in scope does not
-        ask for exact updates.
-
-    Returns:
-      A function with the signature of tf-keras's
-      `_distributed_apply_gradients_fn(distribution, grads_and_vars, **kwargs)`.
-    """
-    base = _base_optimizer_class()
-
-    def apply_gradients_fn(distribution, grads_and_vars, **kwargs):
-        grads_and_vars = list(grads_and_vars)
-        with_policy = any(_is_tfra_shadow(var) and _tfra.admission_of(var.params) is not None
-                          for _, var in grads_and_vars)
-        if not _strategy_wants_exact(optimizer) and not with_policy:
-            # Tables with admission always take the path below, which writes admitted keys only.
-            return tfra_fn(distribution, grads_and_vars, **kwargs)
-        original = base._update_step.__wrapped__  # pylint: disable=protected-access
-
-        def apply_one(var, grad):
-            if _is_tfra_shadow(var):
-                return _tfra_locked_update(original, optimizer, grad, var)
-            return optimizer._update_step(grad, var)  # pylint: disable=protected-access
-
-        for grad, var in grads_and_vars:
-            if _is_tfra_shadow(var):
-                # TFRA's shadows report the coordinator's device; their
-                # update runs where the handles live, not "colocated".
-                with tf.compat.v1.colocate_with(None, ignore_existing=True):
-                    apply_one(var, grad)
-            else:
-                distribution.extended.update(var, apply_one, args=(grad,), group=False)
-        if optimizer.use_ema:
-            var_list = [var for _, var in grads_and_vars]
-            optimizer._update_model_variables_moving_average(var_list)  # pylint: disable=protected-access
-        return optimizer.iterations.assign_add(1)
-
-    return apply_gradients_fn
-
-
-# --- A warning at compile for what is not exact under several workers ---
-
-_COMPILE_HOOKED = False
-
-
-def inexact_reason(optimizer, strategy) -> str | None:
-    """Why `optimizer` under `strategy` may lose or double updates; None when exact.
-
-    Exact: one worker, or tf_psx's strategy with `exact_updates` and a
-    tf-keras (non-legacy) optimizer. Legacy optimizers
-    (`tf.keras.optimizers.legacy.*`) apply through TF's own kernels without
-    the lock; of those only plain SGD (a scatter-add) is exact.
-    """
-    if not hasattr(strategy, "exact_updates") or getattr(strategy, "num_workers", 1) < 2:
-        return None
-    if not strategy.exact_updates:
-        return (
-            "ParameterServerStrategy(exact_updates=False): several async workers can lose or double "
-            "updates of one variable. Fix: leave exact_updates=True (the default)."
-        )
-    legacy = _tf_keras.keras().optimizers.legacy.Optimizer
-    if isinstance(optimizer, legacy):
-        plain_sgd = type(optimizer).__name__ == "SGD" and not getattr(optimizer, "_momentum", False)
-        if not plain_sgd:
-            return (
-                f"the legacy optimizer {type(optimizer).__qualname__} applies its updates without tf_psx's "
-                "per-variable lock, so several async workers can lose or mix updates. Fix: use "
-                f"tf.keras.optimizers.{type(optimizer).__name__} (or tf_psx.optimizers.LazyAdam / SGD)."
-            )
-    return None
-
-
-def adopt_exact_optimizer(model) -> None:
-    """Under a strategy with exact updates: a legacy optimizer becomes its current twin, TFRA layers get exact updates.
-
-    A legacy optimizer (`tf.keras.optimizers.legacy.*`) applies its update
-    through TF's fused kernels, outside the per-variable lock, and its Adam
-    bias correction reads the global step. The current class of the same
-    name computes the same update, so it replaces it, with the same
-    settings (logged once per model); without a twin
-    (`_tfra.current_optimizer_for` is None) the compile warning says so.
-
-    A model with TFRA's own layers (`de.keras.layers.Embedding`,
-    `SquashedEmbedding`) failed with 2 workers under TF alone, as in TFRA's
-    own parameter-server demo ("Cannot update variable with shape [63,32]
-    using a Tensor with shape [64,32]"): the workers shared the shadows
-    (made per worker by `tf_psx._tf.shadows`) and the update wrote rows back
-    as values outside any lock. Its optimizer is wrapped by TFRA if the user
-    left that out, and the table updates go through `tfra_apply_gradients_fn`.
-    tf_psx's own DynamicEmbedding is handled by its compile hook.
-    """
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or getattr(optimizer, "_tf_psx_tfra_wrapped", False):
-        return
-    tfra_layers = _tfra.model_has_tfra_layers(model) and not _tfra.model_has_dynamic_embedding(model)
-    bp_v2 = bool(vars(optimizer).get("_bp_v2", False))
-    if isinstance(optimizer, _tf_keras.keras().optimizers.legacy.Optimizer):
-        replacement = _tfra.current_optimizer_for(optimizer)
-        if replacement is None:
-            if tfra_layers:
-                raise TFRAOptimizerError(
-                    f"Model {model.name} has TFRA layers and the legacy optimizer {type(optimizer).__qualname__}, "
-                    "which has no current tf.keras twin with these settings; its table updates cannot be made "
-                    f"exact under several async workers. Received: {optimizer.get_config()}. Fix: compile with a "
-                    "tf.keras.optimizers optimizer (wrapped in de.DynamicEmbeddingOptimizer as before).")
-            return
-        logging.getLogger("tf_psx").info(
-            "Model %s: the legacy %s was replaced by tf.keras.optimizers.%s with the same settings, so that "
-            "every update is exact under several async workers.",
-            model.name, type(optimizer).__name__, type(replacement).__name__)
-        optimizer = replacement
-    if tfra_layers:
-        optimizer = _tfra.wrap_tfra_optimizer(optimizer, bp_v2=bp_v2)
-    model.optimizer = optimizer
-
-
-def install_compile_warning() -> None:
-    """Makes tf-keras `Model.compile` warn when its optimizer is not exact under the strategy."""
+def install_compile_hook(after_compile) -> None:
+    """Makes tf-keras `Model.compile` call `after_compile(model)` once the model is compiled (once per process)."""
     global _COMPILE_HOOKED  # pylint: disable=global-statement
     with _install_lock:
         if _COMPILE_HOOKED:
@@ -617,11 +181,7 @@ def install_compile_warning() -> None:
 
         def compile(self, *args, **kwargs):  # pylint: disable=redefined-builtin
             result = original_compile(self, *args, **kwargs)
-            if getattr(self.distribute_strategy, "exact_updates", False):
-                adopt_exact_optimizer(self)
-            reason = inexact_reason(getattr(self, "optimizer", None), self.distribute_strategy)
-            if reason:
-                logging.getLogger("tf_psx").warning("Model %s: %s", self.name, reason)
+            after_compile(self)
             return result
 
         compile.__doc__ = original_compile.__doc__

@@ -30,15 +30,15 @@ arguments of the scheduled function. So:
 
 Mechanics: `get_data_handler` returns `_FedDataHandler` (a local tf-keras
 `DataHandler`, not distributed) under a coordinator; each epoch's iterator
-is wrapped in `_FedIterator`; tf-keras's train and test functions schedule
+is wrapped in a `FedIterator`; tf-keras's train and test functions schedule
 `fn(iterator, ...)` on the coordinator, and `ClusterCoordinator.schedule`,
-given a `_FedIterator`, reads the step's batches and schedules
-`fn(iter(Dataset.from_tensor_slices(batches)), ...)` instead.
+given a `FedIterator`, reads the step's batches and schedules a runner of
+`fn` with the batches as its arguments instead (tf_psx._tf.fed_steps).
 
 `train_on_batch` and `test_on_batch` run their step on a worker, and
 `predict_on_batch` on the coordinator, as tf-keras's `predict` does.
-`verbose=1` gives a progress bar (`CoordinatorProgbar`), which tf-keras
-refuses under a coordinator.
+`verbose=1` gives a progress bar (tf_psx._tf.fit_progress), which
+tf-keras refuses under a coordinator.
 
 Known limitations:
 - The batches travel from the coordinator to the workers, so the input rate
@@ -53,21 +53,19 @@ Known limitations:
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import inspect
 import logging
 import math
 import threading
-import time
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute.coordinator import cluster_coordinator as _cluster_coordinator  # pylint: disable=no-name-in-module
 from tensorflow.python.distribute.coordinator import values as _coordinator_values  # pylint: disable=no-name-in-module
 from tf_keras.src.engine import data_adapter
-from tf_keras.src.utils import tf_utils as _tf_utils
 
+from tf_psx._tf import fed_steps as _fed_steps, fit_progress as _fit_progress
 from tf_psx._tf.keras import keras, wrapped_like
 from tf_psx._tf.runtime import is_parameter_server_strategy
 
@@ -79,206 +77,6 @@ _INSTALLED = False
 DEFAULT_BATCH_SIZE = 32
 # The shuffle of arrays in epoch e uses the seed (SHUFFLE_SEED, e): the same order on a resume.
 SHUFFLE_SEED = 20_240_601
-# The progress bar reads a finished step's logs at most this often (reading a pending one would wait for it).
-PROGBAR_INTERVAL_S = 1.0
-# The newest steps whose logs the progress bar may read (the oldest finished one of them is shown).
-PROGBAR_WINDOW = 64
-
-
-class _FedIterator:
-    """One epoch's iterator on the coordinator; `ClusterCoordinator.schedule` sends its batches with the step."""
-
-    def __init__(self, iterator, handler: "_FedDataHandler"):
-        self._iterator = iterator
-        self._handler = handler
-        self._ended = False
-        self.layouts = handler.layouts
-
-    def take(self, count: int) -> list:
-        """The next `count` batches (fewer at the end); StopIteration when none is left."""
-        batches = []
-        while not self._ended and len(batches) < count:
-            try:
-                batches.append(next(self._iterator))
-            except (StopIteration, tf.errors.OutOfRangeError):
-                self._ended = True
-        if not batches:
-            raise StopIteration
-        self._handler.fed += len(batches)
-        return batches
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):  # a caller that reads it as an iterator (a custom loop) gets batches
-        return self.take(1)[0]
-
-
-def _dense(value) -> bool:
-    return isinstance(value, (tf.Tensor, np.ndarray)) or np.isscalar(value)
-
-
-class _Layout:
-    """How a batch's dense components travel: one flat vector per dtype, and where each component sits in it.
-
-    Sending a batch of 28 tensors (26 id features, the dense features, the
-    labels) cost the coordinator 2.4 ms per step in `schedule` and each
-    tensor its own transfer; packed into one vector per dtype, 1.3 ms.
-    Hashable: a runner is traced once per layout.
-    """
-
-    def __init__(self, batch):
-        flat = tf.nest.flatten(batch)
-        self.structure = tf.nest.map_structure(lambda _: None, batch)
-        dtypes: list = []
-        offsets: dict = {}
-        self.parts = []  # (dtype index, start, shape, dtype) per component
-        for value in flat:
-            dtype = tf.as_dtype(value.dtype)
-            if dtype not in dtypes:
-                dtypes.append(dtype)
-            start = offsets.get(dtype, 0)
-            shape = tuple(int(d) for d in value.shape)
-            offsets[dtype] = start + int(np.prod(shape, dtype=np.int64))
-            self.parts.append((dtypes.index(dtype), start, shape, dtype))
-        self.dtypes = tuple(dtypes)
-        self._key = (repr(self.structure), tuple(self.parts))
-
-    def __eq__(self, other):
-        return isinstance(other, _Layout) and self._key == other._key
-
-    def __hash__(self):
-        return hash(self._key)
-
-    def pack(self, batch) -> tuple:
-        """One tensor per dtype (numpy concatenation on the coordinator: no TF op per component)."""
-        flat = [np.asarray(value).reshape(-1) for value in tf.nest.flatten(batch)]
-        groups = [[] for _ in self.dtypes]
-        for (index, _, _, _), value in zip(self.parts, flat):
-            groups[index].append(value)
-        return tuple(tf.constant(np.concatenate(group) if len(group) > 1 else group[0], dtype)
-                     for group, dtype in zip(groups, self.dtypes))
-
-    def unpack(self, packed):
-        """The batch back from `pack`'s tensors (in a traced function: slices and reshapes)."""
-        values = [tf.reshape(packed[index][start:start + int(np.prod(shape, dtype=np.int64))], shape)
-                  for index, start, shape, _ in self.parts]
-        return tf.nest.pack_sequence_as(self.structure, values)
-
-
-# Layouts kept per input (one per batch shape seen: the full batches and a short last one).
-MAX_LAYOUTS = 64
-
-
-def _shape_of(value):
-    shape_tuple = getattr(value, "_shape_tuple", None)  # an EagerTensor's, without building a TensorShape
-    return shape_tuple() if shape_tuple is not None else np.shape(value)
-
-
-def _layout_of(batch, layouts: dict):
-    """The batch's `_Layout`, or None when a component is not dense (sparse, ragged): it travels as it is.
-
-    `layouts` caches them for one input, whose batches share one structure,
-    by the components' shapes and dtypes (building one costs 0.4 ms for 28
-    components; looking it up, 0.03 ms).
-    """
-    flat = tf.nest.flatten(batch)
-    if not flat or not all(_dense(value) for value in flat):
-        return None
-    key = tuple((_shape_of(value), getattr(value, "dtype", None)) for value in flat)
-    layout = layouts.get(key)
-    if layout is None:
-        if len(layouts) >= MAX_LAYOUTS:
-            layouts.clear()
-        layout = layouts[key] = _Layout(batch)
-    return layout
-
-
-class _OneBatch:
-    """The iterator tf-keras's train and test functions read: its one batch (steps_per_execution=1)."""
-
-    def __init__(self, batch):
-        self._batch = batch
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        return self._batch
-
-
-def _shadows_in_use() -> bool:
-    """True once TFRA layers got per-worker shadows (tf_psx._tf.shadows) in this process.
-
-    Their handles are captured into the outermost traced function; traced
-    straight into the runner, a model whose `call` is its own tf.function
-    (TFRA's demo) failed with "cannot be accessed from here, because it was
-    defined in FuncGraph(name=run)". Through tf-keras's own train function
-    (the dataset path) it trains.
-    """
-    from tf_psx._tf import shadows  # pylint: disable=import-outside-toplevel
-
-    return shadows._PER_WORKER_SHADOWS_INSTALLED  # pylint: disable=protected-access  (tf_psx's own module)
-
-
-def _runner(fn, layout, stacked: bool):
-    """`fn(iterator, *rest)` made a function of the step's batches, traced once per (layout, stacked).
-
-    steps_per_execution=1: `fn`'s Python function reads the batch directly
-    (no dataset built per step on the worker). Otherwise `fn`'s loop reads a
-    dataset of the batches (stacked when there are several).
-    """
-    cache = fn.__dict__.setdefault("_tf_psx_runners", {})
-    key = (layout, stacked)
-    if key not in cache:
-        python_function = getattr(fn, "python_function", None)
-
-        def run(batches, *rest):
-            if not stacked and not rest and python_function is not None and not _shadows_in_use():
-                batch = layout.unpack(batches) if layout is not None else batches
-                return python_function(_OneBatch(batch), *rest)
-            if stacked:
-                data = tf.data.Dataset.from_tensor_slices(batches)
-                if layout is not None:
-                    data = data.map(lambda *parts: layout.unpack(parts))  # a tuple element: one argument each
-            else:
-                data = tf.data.Dataset.from_tensors(layout.unpack(batches) if layout is not None else batches)
-            return fn(iter(data), *rest)
-
-        cache[key] = tf.function(run, reduce_retracing=True)
-    return cache[key]
-
-
-def _groups(batches: list, layouts: dict) -> list[tuple]:
-    """(layout, batches) of consecutive batches with one layout (None: not dense), in order."""
-    groups: list[tuple] = []
-    for batch in batches:
-        layout = _layout_of(batch, layouts)
-        if groups and layout is not None and groups[-1][0] == layout:
-            groups[-1][1].append(batch)
-        else:
-            groups.append((layout, [batch]))
-    return groups
-
-
-def _schedule_fed(coordinator, schedule, fn, fed: _FedIterator, rest: tuple):
-    """Reads the step's batches and schedules `fn` with them; returns the last step's RemoteValue."""
-    count = int(rest[0]) if rest else 1  # tf-keras passes steps_per_execution when it is not 1
-    result = None
-    for layout, group in _groups(fed.take(count), fed.layouts):
-        if layout is None:
-            singles = [((batch,), False) for batch in group]
-        elif len(group) == 1:
-            singles = [((layout.pack(group[0]),), False)]
-        else:
-            packed = [layout.pack(batch) for batch in group]
-            singles = [((tuple(tf.stack(parts) for parts in zip(*packed)),), True)]
-        for args, stacked in singles:
-            steps = len(group) if stacked else 1
-            if rest:
-                args += (tf.constant(steps, tf.convert_to_tensor(rest[0]).dtype),)
-            result = schedule(coordinator, _runner(fn, layout, stacked), args=args)
-    return result
 
 
 class _FedDataHandler(data_adapter.DataHandler):
@@ -305,7 +103,7 @@ class _FedDataHandler(data_adapter.DataHandler):
         self._class_weight = class_weight
         self.fed = 0  # batches fed in this epoch
         self._epoch_start = 0
-        self.layouts: dict = {}  # _layout_of's cache for this input
+        self.layouts: dict = {}  # the batch layouts of this input (tf_psx._tf.fed_steps)
 
     def _positioned(self, epoch: int, fresh_each_epoch: bool):
         """This epoch's iterator, at the step fit starts from (after a resume)."""
@@ -321,7 +119,7 @@ class _FedDataHandler(data_adapter.DataHandler):
         return _local_iterator(self._dataset.skip(start) if start else self._dataset)
 
     def enumerate_epochs(self):
-        """Yields `(epoch, _FedIterator)`, as tf-keras's `enumerate_epochs` yields its iterators."""
+        """Yields `(epoch, FedIterator)`, as tf-keras's `enumerate_epochs` yields its iterators."""
         with self._truncate_execution_to_epoch():
             iterator = None
             for epoch in range(self._initial_epoch, self._epochs):
@@ -331,7 +129,7 @@ class _FedDataHandler(data_adapter.DataHandler):
                 if iterator is None or fresh:
                     iterator = self._positioned(epoch, fresh)
                 self.fed, self._epoch_start = 0, self._initial_step
-                yield epoch, _FedIterator(iterator, self)
+                yield epoch, _fed_steps.FedIterator(iterator, self)
                 self._adapter.on_epoch_end()
 
     @contextlib.contextmanager
@@ -456,79 +254,6 @@ def _fed_input(x):
     return x
 
 
-class CoordinatorProgbar(keras().callbacks.ProgbarLogger):
-    """Keras's progress bar under a coordinator, updated at most every `PROGBAR_INTERVAL_S` from finished steps.
-
-    tf-keras refuses `verbose=1` under ParameterServerStrategy because its
-    bar reads every step's logs, which waits for that step. This bar reads
-    the logs of the newest step already finished, once a second: it never
-    waits for a step in flight.
-    """
-
-    def __init__(self, count_mode: str = "steps"):
-        super().__init__(count_mode)
-        self._supports_tf_logs = True  # the logs stay RemoteValues: nothing waits
-        self._recent: collections.deque = collections.deque(maxlen=PROGBAR_WINDOW)
-        self._last_shown = 0.0
-
-    def set_params(self, params):
-        super().set_params(params)
-        self.verbose = 1  # fit ran with verbose=0 so that tf-keras adds no bar of its own
-
-    def _batch_update_progbar(self, batch, logs=None):
-        self._maybe_init_progbar()
-        self.seen = batch + 1
-        if logs is not None:
-            self._recent.append(logs)
-        now = time.monotonic()
-        last = self.target is not None and self.seen >= self.target
-        if now - self._last_shown < PROGBAR_INTERVAL_S and not last:
-            return
-        self._last_shown = now
-        shown = None
-        while self._recent:
-            candidate = self._recent.pop()  # newest first
-            if not _is_remote(candidate) or _ready(candidate):
-                shown = candidate
-                break
-        self._recent.clear()
-        values = [] if shown is None else list(_numbers(shown).items())
-        self.progbar.update(self.seen, values, finalize=False)
-
-    def _finalize_progbar(self, logs, counter):
-        self._recent.clear()
-        super()._finalize_progbar(logs, counter)
-
-
-def _is_remote(value) -> bool:
-    return hasattr(value, "fetch") and hasattr(value, "_status_available_event")
-
-
-def _ready(value) -> bool:
-    return value._status_available_event.is_set()  # pylint: disable=protected-access
-
-
-def _numbers(logs) -> dict:
-    value = logs.fetch() if _is_remote(logs) else logs
-    value = _tf_utils.sync_to_numpy_or_python_type(value)
-    if not isinstance(value, dict):
-        return {}
-    return {key: float(np.asarray(v)) for key, v in value.items() if np.size(v) == 1}
-
-
-def _with_progbar(arguments: dict, count_mode: str = "steps") -> dict:
-    """verbose=1 under a coordinator: tf-keras's bar off (it would refuse), tf_psx's throttled bar on."""
-    if arguments.get("verbose", "auto") != 1:
-        return arguments
-    changed = dict(arguments, verbose=0)
-    callbacks = arguments.get("callbacks")
-    if isinstance(callbacks, keras().callbacks.CallbackList):
-        callbacks.append(CoordinatorProgbar(count_mode))
-    else:
-        changed["callbacks"] = list(callbacks or []) + [CoordinatorProgbar(count_mode)]
-    return changed
-
-
 def _per_worker_single_batch(coordinator):
     """tf-keras's `single_batch_iterator`, made for a coordinator: every worker can read the one batch.
 
@@ -602,15 +327,6 @@ def _get_data_handler(original):
     return get_data_handler
 
 
-def _schedule(original):
-    def schedule(self, fn, args=None, kwargs=None):
-        if args and isinstance(args[0], _FedIterator) and not kwargs:
-            return _schedule_fed(self, original, fn, args[0], tuple(args[1:]))
-        return original(self, fn, args=args, kwargs=kwargs)
-
-    return wrapped_like(schedule, original)
-
-
 def _allow_batch_hooks(original):
     """tf-keras refuses batch-level callbacks under a coordinator; under tf_psx's strategy they run, with a warning.
 
@@ -656,7 +372,7 @@ def install() -> None:
                 arguments.update(x=_weighted_creator(x, class_weight), class_weight=None)
             setattr(self, _CALL_ATTR, "model.fit")
             try:
-                return original_fit(self, **_with_progbar(arguments), **extra)
+                return original_fit(self, **_fit_progress.with_progbar(arguments), **extra)
             finally:
                 setattr(self, _CALL_ATTR, None)
 
@@ -669,7 +385,7 @@ def install() -> None:
             call = getattr(self, _CALL_ATTR, None)
             setattr(self, _CALL_ATTR, "model.evaluate")
             try:
-                return original_evaluate(self, **_with_progbar(arguments), **extra)
+                return original_evaluate(self, **_fit_progress.with_progbar(arguments), **extra)
             finally:
                 setattr(self, _CALL_ATTR, call)
 
@@ -683,5 +399,5 @@ def install() -> None:
         callback_list._disallow_batch_hooks_in_ps_strategy = _allow_batch_hooks(  # pylint: disable=protected-access
             callback_list._disallow_batch_hooks_in_ps_strategy)  # pylint: disable=protected-access
         coordinator_class = _cluster_coordinator.ClusterCoordinator
-        coordinator_class.schedule = _schedule(coordinator_class.schedule)
+        coordinator_class.schedule = _fed_steps.schedule_with_batches(coordinator_class.schedule)
         _INSTALLED = True

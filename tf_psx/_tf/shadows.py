@@ -1,4 +1,11 @@
-"""Per-worker copies of TFRA 0.8.1's shadow buffers under TF 2.16.2's ParameterServerStrategy."""
+"""TFRA 0.8.1's shadow buffers under TF 2.16.2's ParameterServerStrategy: per-worker copies, and direct writes.
+
+TFRA trains a table through per-batch "shadow" buffers. Here: each worker
+gets its own copy of them (`install_per_worker_shadows`), and tf_psx's table
+updates (tf_psx.exact_updates) and sync steps (tf_psx.sync_training) load a
+buffer with rows of their own (`write_buffer`) and tie a shadow's checkpoint
+to its slots (`track_optimizer_slots`), as TFRA's own apply does.
+"""
 
 from __future__ import annotations
 
@@ -113,6 +120,11 @@ def _make_per_worker(variable, strategy) -> None:
     variable.__class__ = per_worker_cls
 
 
+def per_worker_shadows_installed() -> bool:
+    """True once `install_per_worker_shadows` ran in this process."""
+    return _PER_WORKER_SHADOWS_INSTALLED
+
+
 def install_per_worker_shadows() -> None:
     """Makes TFRA shadows built under a ParameterServerStrategy worker-local.
 
@@ -142,3 +154,19 @@ def install_per_worker_shadows() -> None:
         __init__.__wrapped__ = original_init
         klass.__init__ = __init__
     _PER_WORKER_SHADOWS_INSTALLED = True
+
+
+def write_buffer(buffer, value):
+    """Writes `value` into a shadow buffer through its handle (in a dispatched step: that worker's copy).
+
+    Returns the assign op; the optimizer's apply then reads the buffer as
+    loaded here.
+    """
+    from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=import-outside-toplevel
+
+    return gen_resource_variable_ops.assign_variable_op(buffer.handle, value)
+
+
+def track_optimizer_slots(shadow, slots: list) -> None:
+    """As TFRA's own apply does: the shadow's checkpoint and restrict policy follow its slots."""
+    shadow._track_optimizer_slots(slots)  # pylint: disable=protected-access

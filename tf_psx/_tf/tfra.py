@@ -162,25 +162,53 @@ def model_has_dynamic_embedding(model) -> bool:
     return any(getattr(layer, HASH_TABLE_LAYER_ATTR, False) for layer in model._flatten_layers())  # pylint: disable=protected-access
 
 
-def wrap_tfra_optimizer(optimizer, bp_v2: bool = False):
-    """Applies TFRA's DynamicEmbeddingOptimizer to `optimizer` once (if the user did not), and tf_psx's exact apply; returns it."""
-    if optimizer is None or getattr(optimizer, "_tf_psx_tfra_wrapped", False):
+# Set on an optimizer once tf_psx wrapped it for TFRA tables (`wrap_tfra_optimizer`).
+WRAPPED_ATTR = "_tf_psx_tfra_wrapped"
+
+
+def wrap_tfra_optimizer(optimizer, exact_apply, bp_v2: bool = False):
+    """Applies TFRA's DynamicEmbeddingOptimizer to `optimizer` once (if the user did not), and `exact_apply`; returns it.
+
+    Args:
+      optimizer: a tf-keras optimizer, wrapped by TFRA already or not.
+      exact_apply: `exact_apply(wrapped, tfra_fn)` returns the optimizer's
+        `_distributed_apply_gradients_fn` given TFRA's own `tfra_fn`
+        (tf_psx.exact_updates.tfra_apply_gradients_fn: TFRA's apply writes
+        rows back as values, exact only with one worker; tf_psx's locks every
+        table update under a strategy with exact_updates).
+      bp_v2: TFRA's `bp_v2` (row deltas) when TFRA wraps it here.
+    """
+    if optimizer is None or getattr(optimizer, WRAPPED_ATTR, False):
         return optimizer
     wrapped = optimizer if _tfra_wrapped(optimizer) else tfra().DynamicEmbeddingOptimizer(optimizer, bp_v2=bp_v2)
-    wrapped._tf_psx_tfra_wrapped = True  # pylint: disable=protected-access
-    # TFRA's apply writes rows back as values: exact only with one worker.
-    # tf_psx's locks every table update under a strategy with exact_updates.
-    from tf_psx._tf import exact_updates as _exact_updates  # pylint: disable=import-outside-toplevel
-
-    _exact_updates.install()
+    setattr(wrapped, WRAPPED_ATTR, True)
     tfra_fn = wrapped.__dict__["_distributed_apply_gradients_fn"]
-    wrapped._distributed_apply_gradients_fn = _exact_updates.tfra_apply_gradients_fn(wrapped, tfra_fn)  # pylint: disable=protected-access
+    wrapped._distributed_apply_gradients_fn = exact_apply(wrapped, tfra_fn)  # pylint: disable=protected-access
     return wrapped
+
+
+def wrapped_for_tables(optimizer) -> bool:
+    """True once `wrap_tfra_optimizer` wrapped `optimizer`."""
+    return bool(getattr(optimizer, WRAPPED_ATTR, False))
+
+
+def bp_v2_of(optimizer) -> bool:
+    """The `bp_v2` TFRA's `DynamicEmbeddingOptimizer` set on `optimizer` (False when TFRA did not wrap it)."""
+    return bool(vars(optimizer).get("_bp_v2", False))
 
 
 def _tfra_wrapped(optimizer) -> bool:
     """True once TFRA's `DynamicEmbeddingOptimizer` patched `optimizer` (it sets `_bp_v2` on the instance)."""
     return "_bp_v2" in vars(optimizer)
+
+
+def is_tfra_shadow(variable) -> bool:
+    """True for TFRA's per-batch buffers (shadows, their ids, slot shadows).
+
+    They are written back to the hash tables by TFRA's own apply path, or by
+    tf_psx.exact_updates' table update.
+    """
+    return type(variable).__module__.startswith("tensorflow_recommenders_addons")
 
 
 def model_has_tfra_layers(model) -> bool:
@@ -189,34 +217,11 @@ def model_has_tfra_layers(model) -> bool:
                for layer in model._flatten_layers())  # pylint: disable=protected-access
 
 
-def current_optimizer_for(optimizer):
-    """The current tf-keras optimizer with a legacy optimizer's settings, or None when there is none.
-
-    A legacy optimizer (`tf.keras.optimizers.legacy.*`) applies its update
-    through TF's fused kernels, outside tf_psx's per-variable lock, and its
-    Adam bias correction reads the global step: several async workers lose or
-    mix updates. The current class of the same name computes the same update
-    (Adam: `lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)` in both).
-    None when the class has no current twin or a setting has no meaning there
-    (`decay` != 0).
-    """
-    import inspect  # pylint: disable=import-outside-toplevel
-
-    current = getattr(keras().optimizers, type(optimizer).__name__, None)
-    if current is None or not isinstance(current, type):
-        return None
-    config = optimizer.get_config()
-    if config.pop("decay", 0.0):
-        return None
-    accepted = inspect.signature(current.__init__).parameters
-    return current.from_config({key: value for key, value in config.items() if key in accepted})
-
-
 _TFRA_HOOK_INSTALLED = False
 
 
-def install_tfra_optimizer_hook() -> None:
-    """Makes tf-keras `Model.compile` wrap the optimizer for TFRA tables.
+def install_tfra_optimizer_hook(wrap) -> None:
+    """Makes tf-keras `Model.compile` wrap the optimizer for TFRA tables with `wrap(optimizer)`.
 
     TFRA 0.8.1 trains its tables only through an optimizer patched by
     `de.DynamicEmbeddingOptimizer`; a plain one fails or leaves the table
@@ -225,6 +230,10 @@ def install_tfra_optimizer_hook() -> None:
     its optimizer wrapped. Installed the first time a DynamicEmbedding is
     built (never on import); it wraps `tf_keras.Model.compile` once and
     changes nothing for models without TFRA layers.
+
+    Args:
+      wrap: returns the optimizer wrapped for the tables
+        (tf_psx.exact_updates.wrap_tfra_optimizer); the first call's is kept.
     """
     global _TFRA_HOOK_INSTALLED  # pylint: disable=global-statement
     if _TFRA_HOOK_INSTALLED:
@@ -235,7 +244,7 @@ def install_tfra_optimizer_hook() -> None:
     def compile(self, optimizer="rmsprop", *args, **kwargs):  # pylint: disable=redefined-builtin
         original_compile(self, optimizer, *args, **kwargs)
         if model_has_dynamic_embedding(self):
-            self.optimizer = wrap_tfra_optimizer(self.optimizer)
+            self.optimizer = wrap(self.optimizer)
             for layer in self._flatten_layers():  # pylint: disable=protected-access
                 if getattr(layer, HASH_TABLE_LAYER_ATTR, False):
                     layer.attach_optimizer(self.optimizer)

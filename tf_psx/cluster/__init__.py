@@ -5,7 +5,8 @@ TensorFlow nor any process supervision. `ClusterConfig` (building, parsing
 and validating `TF_CONFIG`) lives in `tf_psx.cluster.config`; the other
 modules are imported by name:
 
-* `config`: `ClusterConfig`, `TF_CONFIG` parsing and validation;
+* `config`: `ClusterConfig`, and `ClusterSource` (a cluster started on demand);
+* `validation`: the `TF_CONFIG` checks and their messages;
 * `ports`: loopback ports and reachability (one implementation);
 * `local`: `LocalCluster`, in-process servers or task processes;
 * `supervisor`: task processes (start, ready mark, bounded wait, stop);
@@ -15,15 +16,14 @@ modules are imported by name:
 * `netproxy`, `tlsmesh`: TCP relays, and the mutual-TLS mesh around a task.
 """
 
-from tf_psx.cluster.config import (  # noqa: F401  (the names `tf_psx.cluster.X` has always had)
+from tf_psx.cluster.config import ClusterConfig, TFConfigError
+from tf_psx.cluster.validation import (  # noqa: F401  (the names `tf_psx.cluster.X` has always had)
     PORT_RANGE,
     PS_REQUIRED_TASK_TYPES,
     SINGLE_TASK_TYPES,
     TF_CONFIG_ENV,
     TRAINING_TASK_TYPES,
     VALID_TASK_TYPES,
-    ClusterConfig,
-    TFConfigError,
 )
 
 __all__ = ["ClusterConfig", "TFConfigError"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import sys
 import tempfile
 from typing import Any
@@ -22,19 +21,15 @@ from typing import Any
 from tf_psx import _checks
 from tf_psx.cluster import server as _server, supervisor as _supervisor
 from tf_psx._tf import runtime as _runtime
-from tf_psx.cluster import ClusterConfig
+from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig
+from tf_psx.cluster.config import ClusterSource
+from tf_psx.cluster.ports import LOOPBACK, free_ports
 from tf_psx.errors import TaskFailedError
 
 logger = logging.getLogger("tf_psx")
 
-LOOPBACK = "127.0.0.1"
-TF_CONFIG_ENV = "TF_CONFIG"
-# A task process imports TensorFlow (about 3 s on 2 cores, 10 to 20 s on a
-# machine loaded by a parallel test run) before it listens; past this a
-# cluster that cannot come up raises instead of waiting on.
-TASK_START_TIMEOUT_S = 60.0
-# The bound on a single connection attempt to a port.
-TASK_POLL_S = 0.1
+# Past this a cluster whose tasks cannot come up raises instead of waiting on.
+TASK_START_TIMEOUT_S = _supervisor.START_TIMEOUT_S
 # SIGTERM first so the task can exit on its own; SIGKILL after this grace.
 TASK_STOP_GRACE_S = _supervisor.STOP_GRACE_S
 TASK_TYPES = ("worker", "ps")
@@ -56,33 +51,7 @@ INPROCESS_INTER_OP_THREADS = 64
 MAX_INPROCESS_WORKERS = INPROCESS_INTER_OP_THREADS - 1
 
 
-def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
-    """Returns `count` distinct ports that are free on `host` right now.
-
-    All sockets stay open until every port is chosen, so the ports differ.
-    Another program can still take a port before the server binds it; that
-    window is a few milliseconds.
-    """
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((host, 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def port_is_listening(port: int, host: str = LOOPBACK) -> bool:
-    """True when something accepts TCP connections on host:port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(TASK_POLL_S)
-        return sock.connect_ex((host, port)) == 0
-
-
-class LocalCluster:
+class LocalCluster(ClusterSource):
     """A parameter-server cluster on this machine, as a context manager.
 
     Example:
@@ -201,6 +170,10 @@ class LocalCluster:
             self._start_in_process()
         self._started = True
         return self
+
+    def running_config(self) -> ClusterConfig:
+        """Starts the cluster if it is not running; returns its `ClusterConfig` (what a strategy trains on)."""
+        return self.start().config
 
     def stop(self) -> None:
         """Stops every task process and waits for it (no-op in-process)."""

@@ -14,6 +14,8 @@ import os
 import sys
 import time
 
+from tf_psx.cluster.ports import connect_seconds, is_loopback_host, port_is_free, split_address
+
 
 # tf_psx.server writes its versions and pid here (on the task's own host),
 # keyed by its port; the doctor reads it through TensorFlow on that task.
@@ -26,7 +28,6 @@ DEFAULT_PROBE_TIMEOUT_S = 120.0
 CLOCK_READINGS = 3
 # Clocks further apart than this break timestamps in logs and TensorBoard across tasks.
 MAX_CLOCK_SKEW_MS = 500.0
-_LOOPBACK_PREFIXES = ("127.", "localhost", "::1", "[::1]")
 
 
 def server_info_path(port: int) -> str:
@@ -34,34 +35,13 @@ def server_info_path(port: int) -> str:
     return os.path.join(SERVER_INFO_DIR, f"tf_psx_server_{port}.json")
 
 
-def _port(address: str) -> int:
-    return int(address.rsplit(":", 1)[1])
-
-
-def _host(address: str) -> str:
-    return address.rsplit(":", 1)[0].strip("[]")
-
-
 def _reachable(address: str) -> tuple[bool, str]:
-    import socket  # pylint: disable=import-outside-toplevel
-
-    start = time.monotonic()
+    """(whether the task at `address` accepts a connection, how long it took or why not)."""
     try:
-        with socket.create_connection((_host(address), _port(address)), timeout=CONNECT_TIMEOUT_S):
-            return True, f"{1000 * (time.monotonic() - start):.1f} ms to connect"
+        seconds = connect_seconds(*split_address(address), timeout_s=CONNECT_TIMEOUT_S)
     except OSError as err:
         return False, f"unreachable: {err.strerror or err}"
-
-
-def _port_free_here(address: str) -> bool:
-    import socket  # pylint: disable=import-outside-toplevel
-
-    with socket.socket() as probe:
-        try:
-            probe.bind(("", _port(address)))
-            return True
-        except OSError:
-            return False
+    return True, f"{1000 * seconds:.1f} ms to connect"
 
 
 def check_cluster(tf_config: str, probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S) -> tuple[list[str], bool]:
@@ -94,13 +74,14 @@ def check_cluster(tf_config: str, probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT
             ok &= reachable
             lines.append(f"  {'ok  ' if reachable else 'FAIL'} {task_type}:{index} {address}: {how}")
     if config.chief:
-        free = _port_free_here(config.chief)
+        chief_port = split_address(config.chief)[1]
+        free = port_is_free(chief_port)
         ok &= free
-        lines.append(f"  {'ok  ' if free else 'FAIL'} chief {config.chief}: port {_port(config.chief)} "
+        lines.append(f"  {'ok  ' if free else 'FAIL'} chief {config.chief}: port {chief_port} "
                      + ("is free here" if free else "is in use here: the chief cannot bind it (pick another port, "
                                                     "or stop what listens there)"))
     exposed = [a for a in (*config.ps, *config.workers, *([config.chief] if config.chief else []))
-               if not _host(a).startswith(_LOOPBACK_PREFIXES)]
+               if not is_loopback_host(split_address(a)[0])]
     if exposed:
         lines.append(f"  warning: {len(exposed)} task(s) listen beyond loopback ({', '.join(exposed[:4])}"
                      f"{', ...' if len(exposed) > 4 else ''}); TF's gRPC has no authentication, so keep them on a "
@@ -175,7 +156,7 @@ def _probe() -> int:
             rtt, skew = min(readings)
             with tf.device(device):
                 try:
-                    info = json.loads(tf.io.read_file(server_info_path(_port(address))).numpy())
+                    info = json.loads(tf.io.read_file(server_info_path(split_address(address)[1])).numpy())
                     versions = {k: v for k, v in info["versions"].items() if k in here}
                 except (tf.errors.NotFoundError, ValueError, KeyError):
                     versions = None

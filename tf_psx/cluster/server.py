@@ -101,7 +101,7 @@ def server_config(task_type: str, num_workers: int, inter_op_threads: int | None
 
 
 def _write_info(config) -> str | None:
-    """Writes this task's versions and pid for `tf-psx doctor` (tf_psx.doctor); returns the path."""
+    """Writes this task's versions and pid for `tf-psx doctor` (tf_psx.cluster.preflight); returns the path."""
     import json  # pylint: disable=import-outside-toplevel
 
     from tf_psx import trail  # pylint: disable=import-outside-toplevel
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    # The stall doctor (tf_psx.doctor) asks for this task's stacks with SIGUSR1.
+    # The stall doctor (tf_psx.stalls) asks for this task's stacks with SIGUSR1.
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     tf.distribute.Server(

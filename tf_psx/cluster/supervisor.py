@@ -26,6 +26,10 @@ from tf_psx.cluster.server import READY_MARK
 
 # SIGTERM first so that a task can exit on its own; SIGKILL after this.
 STOP_GRACE_S = 5.0
+# A task process imports TensorFlow (about 3 s on 2 cores, 10 to 20 s on a
+# machine loaded by a parallel test run) before it listens; past this a task
+# that cannot come up is reported instead of waited on.
+START_TIMEOUT_S = 60.0
 # How often a wait looks at its tasks.
 POLL_S = 0.1
 # prctl(2) option: the kernel sends the given signal to a child when the

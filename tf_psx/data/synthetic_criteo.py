@@ -25,7 +25,7 @@ from typing import Literal, Union, get_args
 import numpy as np
 
 from tf_psx import _checks
-from tf_psx.data.criteo import CSV_HEADER, NUM_CATEGORICAL, NUM_DENSE
+from tf_psx.data.layout import CSV_HEADER, NUM_CATEGORICAL, NUM_DENSE
 from tf_psx.data.synthetic import roc_auc
 
 __all__ = ["CriteoSample", "write_criteo_sample"]

@@ -47,7 +47,7 @@ import uuid
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import snapshots as _snapshots
+from tf_psx.snapshots import store as _store
 
 __all__ = ["DeltaTracker", "Delta", "write_delta", "latest_delta", "variables_by_path", "apply_rows", "shards_of",
            "full_shape", "MIN_ROWS"]
@@ -57,9 +57,9 @@ logger = logging.getLogger("tf_psx")
 # Variables with fewer rows (and every non-float one) go whole into each delta.
 MIN_ROWS = 1024
 DELTA_PREFIX = "delta-"
-DELTA_RE = re.compile(rf"^{DELTA_PREFIX}(\d{{{_snapshots.STEP_DIGITS}}})\.json$")
+DELTA_RE = re.compile(rf"^{DELTA_PREFIX}(\d{{{_store.STEP_DIGITS}}})\.json$")
 # A delta file written aside ("<name>.tmp-<8 hex>") whose writer died before the rename.
-DELTA_TMP_RE = re.compile(rf"^{DELTA_PREFIX}\d{{{_snapshots.STEP_DIGITS}}}\.(npz|json)\.tmp-[0-9a-f]{{8}}$")
+DELTA_TMP_RE = re.compile(rf"^{DELTA_PREFIX}\d{{{_store.STEP_DIGITS}}}\.(npz|json)\.tmp-[0-9a-f]{{8}}$")
 # Paths of the checkpoint root that are not training state.
 _SKIPPED_CHILDREN = {"save_counter"}
 _BITS = {tf.float16: tf.int16, tf.bfloat16: tf.int16, tf.float32: tf.int32, tf.float64: tf.int64}
@@ -140,7 +140,7 @@ class DeltaTracker:
         made beside each shard, on its ps task).
       min_rows: variables with fewer rows (all shards together) are written whole.
       row_marks: id(shard) -> a bool [rows] mask that every update of the
-        shard sets for the rows it writes (`tf_psx._tf.exact_updates.
+        shard sets for the rows it writes (`tf_psx.exact_updates.
         register_row_marks`). A large variable whose every shard has one is
         tracked by its marks (a pass over the marks, not the rows); the others
         by fingerprints.
@@ -297,7 +297,7 @@ class Delta:
 
 
 def _names(step: int) -> tuple[str, str]:
-    stem = f"{DELTA_PREFIX}{step:0{_snapshots.STEP_DIGITS}d}"
+    stem = f"{DELTA_PREFIX}{step:0{_store.STEP_DIGITS}d}"
     return stem + ".npz", stem + ".json"
 
 
@@ -307,7 +307,7 @@ def write_delta(snapshot_dir: str, step: int, base_step: int, changed: dict, man
     Returns:
       The manifest written (with the row and byte counts).
     """
-    fs = _snapshots.filesystem(snapshot_dir)
+    fs = _store.filesystem(snapshot_dir)
     arrays, entries, rows = {}, [], 0
     for index, (path, (changed_rows, values)) in enumerate(changed.items()):
         entries.append({"path": path, "rows": changed_rows is not None, "shape": list(values.shape)})
@@ -357,7 +357,7 @@ def _remove_quietly(fs, path: str) -> bool:
         if fs.exists(path):
             fs.remove_file(path)
     except Exception as error:  # pylint: disable=broad-except  (OSError, or tf.errors.OpError from gfile)
-        logger.warning("PeriodicSync: could not delete the old delta file %s: %s", path, _snapshots.first_line(error))
+        logger.warning("PeriodicSync: could not delete the old delta file %s: %s", path, _store.first_line(error))
         return False
     return True
 
@@ -377,9 +377,9 @@ def latest_delta(snapshot_dir: str, base_step: int) -> Delta | None:
     of the same step was replaced in place, on a filesystem without renames)
     is skipped with a warning, and an older one is tried.
     """
-    fs = _snapshots.filesystem(snapshot_dir)
+    fs = _store.filesystem(snapshot_dir)
     try:
-        base_time = float(json.loads(fs.read_text(fs.join(snapshot_dir, _snapshots.MANIFEST))).get("time", 0.0))
+        base_time = float(json.loads(fs.read_text(fs.join(snapshot_dir, _store.MANIFEST))).get("time", 0.0))
     except Exception:  # pylint: disable=broad-except  (no readable manifest: no base to apply a delta to)
         return None
     for step in reversed(_delta_steps(snapshot_dir, fs)):
@@ -396,7 +396,7 @@ def latest_delta(snapshot_dir: str, base_step: int) -> Delta | None:
             list(delta.entries())  # every array the manifest names is there
         except Exception as error:  # pylint: disable=broad-except  (a torn or foreign file, or a gfile error)
             logger.warning("PeriodicSync: cannot read the delta of step %d in %s (%s: %s); trying an older one",
-                           step, snapshot_dir, type(error).__name__, _snapshots.first_line(error))
+                           step, snapshot_dir, type(error).__name__, _store.first_line(error))
             continue
         return delta
     return None

@@ -1,95 +1,20 @@
-"""The supervisor behind `tf-psx launch`: a whole parameter-server job on this machine.
+"""`Launcher`: the supervisor behind `tf-psx launch` (see `tf_psx.launch` for the whole story).
 
-`Launcher` starts every ps and worker task (`python -m tf_psx.server`, each
-with its own TF_CONFIG, on free loopback ports), waits until they listen, and
-then runs your training command as the chief, with the chief's TF_CONFIG and
-GRPC_FAIL_FAST=use_caller. While the job runs it:
-
-* streams every task's output with a prefix (`[ps:0]`, `[worker:1]`,
-  `[chief:0]`) and keeps it in one log file per task (`<log_dir>/ps-0.log`);
-* restarts a worker that dies, on its old port: `ClusterCoordinator` re-runs
-  the lost worker's steps on the other workers and uses the worker again once
-  it is back;
-* restarts the ps tasks and then the chief when a ps dies: in TF 2.16 a ps
-  failure is fatal to the coordinator, so the chief starts over and resumes
-  from the newest `tf_psx.callbacks.PeriodicSync` snapshot;
-* gives up after `max_restarts` restarts in all, naming the task that failed,
-  its exit status and its log file;
-* stops every task (SIGTERM to each task's process group, SIGKILL after a
-  grace period) on Ctrl-C or SIGTERM, or when the chief exits. The exit
-  status is the chief's.
-
-The contract with the training command:
-  * It runs as the chief: it reads the cluster from TF_CONFIG
-    (`tf_psx.ParameterServerStrategy()` with no argument does) and must not
-    start servers itself.
-  * `TF_PSX_SNAPSHOT_DIR` holds the snapshot directory (`--snapshot-dir`,
-    `<log_dir>/snapshots` by default). Give it to `PeriodicSync` so that a
-    restarted chief resumes where the last snapshot left off; a command that
-    keeps no snapshots starts from step 0 after a ps failure.
-  * `TF_PSX_CHIEF_ATTEMPT` is 0 for the first chief and counts the restarts.
-  * With `evaluator=True` the same command also runs as the side-car
-    evaluator, with TF_CONFIG task `evaluator:0` and a cluster that holds only
-    the evaluator job (`ClusterConfig` keeps it out of the training cluster,
-    tensorflow#46169). The command checks `task_type()` and, for the
-    evaluator, builds the model and its holdout data and calls
-    `run_sidecar_evaluator(model, data)`, which runs tf-keras'
-    `SidecarEvaluator` on the snapshot directory. Once the chief has finished
-    the launcher writes `<snapshot_dir>/TRAINING_DONE`; the evaluator stops
-    after it has evaluated the newest snapshot, or is stopped
-    `EVALUATOR_FINISH_TIMEOUT_S` later.
-
-Security: TensorFlow's gRPC servers have no authentication and listen on
-every interface, even when TF_CONFIG says 127.0.0.1 (docs/security.md). The
-launcher says so in a one-line warning, unless `isolate=True`: then the whole
-job runs in a private network namespace whose only interface is its own
-loopback, and nothing outside the job can reach its ports.
-
-Known limitations:
-  * A chief that fails by itself (not because a ps died) is not restarted:
-    the launcher stops the job and exits with the chief's status. Launch again
-    with the same `--snapshot-dir` to resume from the newest snapshot.
-  * A step that a killed worker had already applied to the ps when it died is
-    run again on another worker (TF retries closures at least once, not
-    exactly once), so `optimizer.iterations` can exceed the steps of `fit` by
-    at most the number of worker failures.
-  * `isolate=True` needs Linux and either root or unprivileged user
-    namespaces; the job cannot then reach the network (data must be local).
-  * The evaluator is not restarted when it fails; its log says why, and
-    training goes on.
-  * All tasks run on this machine. For several machines use TF_CONFIG
-    (`tf-psx config`) or Kubernetes (`tf-psx k8s`).
-
-Example (the CLI; see docs/guides/fault_tolerance.md):
-
-    tf-psx launch --workers 2 --ps 1 --max-restarts 3 -- python train.py
-
-Example (the API, here with a command that only prints its task):
-
->>> import sys
->>> code = ("import json, os; c = json.loads(os.environ['TF_CONFIG']); "
-...         "print(c['task'], sorted(c['cluster']))")
->>> Launcher([sys.executable, "-c", code], workers=1, ps=1, out=sys.stdout,
-...          err=sys.stdout).run()  # doctest: +ELLIPSIS
-tf-psx launch: warning: ...
-...
-[chief:0] {'type': 'chief', 'index': 0} ['chief', 'ps', 'worker']
-tf-psx launch: chief:0 finished with exit status 0; logs in ...
-0
+It starts every ps and worker task on free loopback ports, waits until they
+listen, runs the training command as the chief, streams and logs every
+task's output, restarts a dead worker on its old port, restarts the ps tasks
+and then the chief (which resumes from the newest snapshot) when a ps dies,
+gives up after `max_restarts`, rescales on `tf-psx scale` (tf_psx.launch.elastic)
+and stops every task at the end. The contract with the chief is
+tf_psx.launch.contract; `--isolate` is tf_psx.launch.isolation. Importing this
+module does not import TensorFlow.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import fcntl
-import json
 import os
 import shutil
 import signal
-import socket
-import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -97,42 +22,28 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from tf_psx import _quiet
-from tf_psx import _checks, metrics as _metrics, stalls as _stalls
-from tf_psx.cluster import server as _server, supervisor as _supervisor
-from tf_psx._tf import keras as _tf_keras, runtime as _runtime
+from tf_psx import _checks, _quiet, metrics as _metrics, stalls as _stalls
+from tf_psx._tf import runtime as _runtime
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig
+from tf_psx.cluster import server as _server, supervisor as _supervisor
+from tf_psx.cluster.ports import LOOPBACK, free_ports
 from tf_psx.errors import LaunchError
-from tf_psx.cluster.local import LOOPBACK, TASK_START_TIMEOUT_S, free_ports
+from tf_psx.launch.contract import (
+    CHIEF_ATTEMPT_ENV,
+    EXIT_GAVE_UP,
+    LAUNCHER_FILE,
+    PIDS_FILE,
+    SNAPSHOT_DIR_ENV,
+    TRAINING_DONE_FILE,
+    exit_code,
+    write_json,
+)
+from tf_psx.launch.elastic import RescaleMixin
+from tf_psx.launch.isolation import ISOLATED_ENV, bring_up_loopback, in_private_namespace, require_support, run_isolated
 
-__all__ = [
-    "CHIEF_ATTEMPT_ENV",
-    "LaunchError",
-    "Launcher",
-    "SNAPSHOT_DIR_ENV",
-    "TRAINING_DONE_FILE",
-    "request_scale",
-    "run_sidecar_evaluator",
-    "snapshot_dir",
-    "task_type",
-]
+__all__ = ["Launcher"]
 
 PREFIX = "tf-psx launch"
-
-# Environment variables the launcher hands the chief and the evaluator.
-SNAPSHOT_DIR_ENV = "TF_PSX_SNAPSHOT_DIR"
-CHIEF_ATTEMPT_ENV = "TF_PSX_CHIEF_ATTEMPT"
-# Set in the re-executed launcher that already runs in its private namespace.
-_ISOLATED_ENV = "TF_PSX_LAUNCH_ISOLATED"
-# Written into the snapshot directory once the chief has exited with status 0.
-TRAINING_DONE_FILE = "TRAINING_DONE"
-# {task: pid} of every task, in LOG_DIR, for the stall doctor in the chief (tf_psx.doctor).
-PIDS_FILE = "task_pids.json"
-# The running launcher's pid, in LOG_DIR, and the request `tf-psx scale` leaves there.
-LAUNCHER_FILE = "launcher.json"
-SCALE_FILE = "scale.json"
-# The most workers a rescale may ask for (each takes a loopback port and a process).
-MAX_WORKERS = 256
 
 # A task restart or two (a preempted worker, an OOM-killed ps) is routine;
 # a task that keeps dying is a bug, and giving up after 3 shows its log within
@@ -150,166 +61,8 @@ PS_FAILURE_GRACE_S = 2.0
 # After the chief has finished, the evaluator may still be evaluating the last
 # snapshot: a tiny model's evaluation takes seconds, a big one is stopped.
 EVALUATOR_FINISH_TIMEOUT_S = 60.0
-# How often the evaluator looks for a new snapshot and for TRAINING_DONE:
-# it bounds how late a snapshot is evaluated, at the cost of a directory listing.
-EVALUATOR_POLL_S = 1.0
-# How long a named snapshot may wait for SidecarEvaluator to start on it
-# before the next one is named: restoring a big model takes seconds, a
-# snapshot pruned before it was read is never evaluated.
-EVALUATOR_UNCONSUMED_S = 60.0
-# Shells report death by signal N as exit status 128 + N; so does the launcher.
-SIGNAL_EXIT_BASE = 128
-# The exit status when the launcher gives up on a task or cannot start one.
-EXIT_GAVE_UP = 1
-EXIT_USAGE = 2
 
 SERVER_TYPES = ("ps", "worker")
-# The Linux clone flags and ioctls used by isolate=True (linux/sched.h, sockios.h).
-_CLONE_NEWUSER = 0x10000000
-_CLONE_NEWNET = 0x40000000
-_SIOCGIFFLAGS = 0x8913
-_SIOCSIFFLAGS = 0x8914
-_IFF_UP = 0x1
-_IFREQ = "16sH22x"  # struct ifreq: the name, then the flags, padded to 40 bytes.
-
-
-# --- helpers for the training command ----------------------------------------
-
-
-def task_type() -> str | None:
-    """The task type of this process from TF_CONFIG ("chief", "evaluator", ...), or None.
-
-    Example:
-
-    >>> import os
-    >>> os.environ.pop("TF_CONFIG", None) and None
-    >>> print(task_type())
-    None
-    """
-    raw = os.environ.get(TF_CONFIG_ENV, "")
-    if not raw:
-        return None
-    return ClusterConfig.from_tf_config(raw).task_type
-
-
-def snapshot_dir(default: str | None = None) -> str | None:
-    """The snapshot directory the launcher chose (`$TF_PSX_SNAPSHOT_DIR`), else `default`.
-
-    Example:
-
-    >>> snapshot_dir("/tmp/snaps") if SNAPSHOT_DIR_ENV not in os.environ else "/tmp/snaps"
-    '/tmp/snaps'
-    """
-    return os.environ.get(SNAPSHOT_DIR_ENV) or default
-
-
-def run_sidecar_evaluator(model, data, steps: int | None = None, directory: str | None = None, callbacks=None) -> int:
-    """Evaluates every new PeriodicSync snapshot with tf-keras' `SidecarEvaluator` until training is done.
-
-    Call it in the evaluator branch of a training command (see the module
-    docstring): build and compile the model as the chief does, but with no
-    strategy, then call this. It returns once the launcher has written
-    TRAINING_DONE and the newest snapshot has been evaluated.
-
-    `SidecarEvaluator` follows a directory's `checkpoint` state file, which
-    PeriodicSync does not write (each snapshot is a `snapshot-<step>/`
-    directory, committed by a rename). A thread of this function therefore
-    keeps a private directory whose state file names the newest complete
-    snapshot, and `SidecarEvaluator` follows that.
-
-    Args:
-      model: a compiled tf-keras model with the chief's architecture.
-      data: the holdout data for `model.evaluate` (a `tf.data.Dataset`).
-      steps: evaluation steps per snapshot; None evaluates all of `data`.
-      directory: the PeriodicSync directory; `$TF_PSX_SNAPSHOT_DIR` when None.
-      callbacks: extra callbacks for `model.evaluate`.
-
-    Returns:
-      The number of distinct snapshots evaluated.
-
-    Raises:
-      LaunchError: if no snapshot directory is given or set.
-    """
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    from tf_psx.callbacks import PeriodicSync  # pylint: disable=import-outside-toplevel
-
-    keras = _tf_keras.keras()
-    directory = directory or snapshot_dir()
-    if not directory:
-        raise LaunchError(
-            f"run_sidecar_evaluator needs the snapshot directory; received directory=None and "
-            f"${SNAPSHOT_DIR_ENV} is unset. Fix: run it under `tf-psx launch --evaluator`, or pass "
-            "directory=<the PeriodicSync directory>."
-        )
-    done = os.path.join(directory, TRAINING_DONE_FILE)
-    view = tempfile.mkdtemp(prefix="tf_psx_evaluator_")
-    evaluated: list[str] = []
-    stop = threading.Event()
-    # "consumed": SidecarEvaluator has begun evaluating the named snapshot.
-    # The name only moves on after that, so that each evaluation is recorded
-    # under the snapshot it really restored.
-    state = {"named": None, "woken": False, "consumed": True, "since": 0.0}
-
-    def _name(path: str) -> None:
-        # The `checkpoint` file is a CheckpointState text proto; written to a
-        # temporary name and renamed, so that a reader never sees half of it.
-        text = f'model_checkpoint_path: {json.dumps(path)}\nall_model_checkpoint_paths: {json.dumps(path)}\n'
-        tmp = os.path.join(view, "checkpoint.tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        state.update(named=path, consumed=False, since=time.monotonic())
-        os.replace(tmp, os.path.join(view, "checkpoint"))
-
-    def _follow() -> None:
-        while not stop.wait(EVALUATOR_POLL_S):
-            latest = PeriodicSync.latest(directory)
-            # A named snapshot that fails to restore (pruned meanwhile) is
-            # never consumed; after a while the name moves on anyway.
-            waiting = not state["consumed"] and time.monotonic() - state["since"] < EVALUATOR_UNCONSUMED_S
-            if latest is None or waiting:
-                continue
-            if state["named"] is None or os.path.normpath(state["named"]) != latest.checkpoint:
-                _name(latest.checkpoint)
-            elif os.path.exists(done) and evaluated and evaluated[-1] == latest.checkpoint and not state["woken"]:
-                # Training is over and the newest snapshot is evaluated, but
-                # SidecarEvaluator waits for a new one: name the same snapshot
-                # by another path ("dir/./ckpt") to wake it; the callback ends it.
-                state["woken"] = True
-                _name(os.path.join(os.path.dirname(latest.checkpoint), ".", os.path.basename(latest.checkpoint)))
-
-    class _StopWhenDone(keras.callbacks.Callback):
-        def on_test_begin(self, logs=None):
-            evaluated.append(os.path.normpath(state["named"] or ""))
-            state["consumed"] = True
-
-        def on_test_end(self, logs=None):
-            print(f"tf_psx evaluator: evaluated {evaluated[-1]}: {logs}", flush=True)
-            latest = PeriodicSync.latest(directory)
-            if os.path.exists(done) and (latest is None or evaluated[-1] == latest.checkpoint):
-                raise _TrainingDone()
-
-    evaluator = keras.utils.SidecarEvaluator(
-        model, data, checkpoint_dir=view, steps=steps, callbacks=[*(callbacks or []), _StopWhenDone()]
-    )
-    follower = threading.Thread(target=_follow, name="tf-psx-evaluator-follow", daemon=True)
-    follower.start()
-    try:
-        evaluator.start()
-    except _TrainingDone:
-        pass
-    finally:
-        stop.set()
-        follower.join()
-        shutil.rmtree(view, ignore_errors=True)
-    return len(set(evaluated))
-
-
-class _TrainingDone(Exception):
-    """Raised from a callback to end SidecarEvaluator's loop."""
-
-
-# --- the supervisor ----------------------------------------------------------
 
 
 def _describe_status(code: int | None) -> str:
@@ -324,19 +77,10 @@ def _describe_status(code: int | None) -> str:
     return str(code)
 
 
-def _exit_code(code: int) -> int:
-    """A Popen return code as a shell exit status (death by signal N -> 128 + N)."""
-    return SIGNAL_EXIT_BASE - code if code < 0 else code
-
-
-def _libc():
-    return ctypes.CDLL(None, use_errno=True)
-
-
-class Launcher:
+class Launcher(RescaleMixin):
     """Runs a parameter-server job on this machine and keeps it running.
 
-    See the module docstring for what it does and for the contract with the
+    See `tf_psx.launch` for what it does and for the contract with the
     training command.
 
     Args:
@@ -379,7 +123,7 @@ class Launcher:
         evaluator: bool = False,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         log_dir: str | None = None,
-        snapshot_dir: str | None = None,  # pylint: disable=redefined-outer-name
+        snapshot_dir: str | None = None,
         isolate: bool = False,
         out: TextIO | None = None,
         err: TextIO | None = None,
@@ -436,11 +180,8 @@ class Launcher:
         self.inter_op_threads = inter_op_threads
         self.metrics_server = None
         self._starts: dict[str, int] = {}
-        if self.isolate and not sys.platform.startswith("linux"):
-            raise LaunchError(
-                f"Option `--isolate` needs Linux network namespaces; this is {sys.platform}. Fix: "
-                "drop --isolate and keep the machine on a trusted network (docs/security.md)."
-            )
+        if self.isolate:
+            require_support()
         self.log_dir = self._prepare_dir("log-dir", log_dir) if log_dir else None
         self.snapshot_dir = self._prepare_dir("snapshot-dir", snapshot_dir) if snapshot_dir else None
         self._out = out
@@ -493,10 +234,10 @@ class Launcher:
           EXIT_GAVE_UP (1) when a task failed more than `max_restarts` times
           or could not be started.
         """
-        if self.isolate and os.environ.get(_ISOLATED_ENV) != "1":
+        if self.isolate and not in_private_namespace():
             return self._run_isolated()
-        if os.environ.get(_ISOLATED_ENV) == "1":
-            _bring_up_loopback()
+        if in_private_namespace():
+            bring_up_loopback()
         handlers = self._install_signal_handlers()
         try:
             return self._supervise()
@@ -525,59 +266,7 @@ class Launcher:
 
     def _run_isolated(self) -> int:
         """Runs this launcher again, in a new network namespace, and waits for it."""
-        env = dict(os.environ)
-        env[_ISOLATED_ENV] = "1"
-        env["PYTHONUNBUFFERED"] = "1"
-        libc = _libc()
-        uid, gid = os.getuid(), os.getgid()
-
-        def _enter_namespace():  # runs in the child, before exec
-            if libc.unshare(_CLONE_NEWNET) == 0:
-                return
-            if ctypes.get_errno() != errno.EPERM:
-                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
-            # Not root: a user namespace gives the child CAP_NET_ADMIN over a
-            # network namespace of its own, as `unshare --net --map-root-user` does.
-            if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER | CLONE_NEWNET) failed")
-            for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
-                with open(f"/proc/self/{name}", "w", encoding="ascii") as handle:
-                    handle.write(text)
-
-        try:
-            proc = subprocess.Popen(  # pylint: disable=consider-using-with
-                [sys.executable, "-m", "tf_psx.cli", *self._cli_args()],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                preexec_fn=_enter_namespace,  # pylint: disable=subprocess-popen-preexec-fn
-            )
-        except (OSError, subprocess.SubprocessError) as err:
-            raise LaunchError(
-                f"Option `--isolate` could not create a private network namespace ({err}). Fix: run "
-                "as root, enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1), "
-                "or drop --isolate and keep the machine on a trusted network (docs/security.md)."
-            ) from None
-        copiers = [
-            threading.Thread(target=_copy_lines, args=(proc.stdout, lambda: self.out, self._lock), daemon=True),
-            threading.Thread(target=_copy_lines, args=(proc.stderr, lambda: self.err, self._lock), daemon=True),
-        ]
-        for copier in copiers:
-            copier.start()
-        handlers = {}
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            try:
-                handlers[signum] = signal.signal(signum, lambda s, f: proc.send_signal(s))
-            except ValueError:  # not the main thread
-                pass
-        try:
-            code = proc.wait()
-            for copier in copiers:
-                copier.join()
-            return _exit_code(code)
-        finally:
-            for signum, handler in handlers.items():
-                signal.signal(signum, handler)
+        return run_isolated(self._cli_args(), lambda: self.out, lambda: self.err, self._lock)
 
     # -- supervision -------------------------------------------------------
 
@@ -612,7 +301,7 @@ class Launcher:
             evaluator=addresses[-1] if self.evaluator else None,
         )
         base = dict(os.environ)
-        base.pop(_ISOLATED_ENV, None)
+        base.pop(ISOLATED_ENV, None)
         base[_runtime.GRPC_FAIL_FAST_ENV] = _runtime.GRPC_FAIL_FAST_VALUE
         # Lines must reach the prefixer as they are printed, not when a buffer fills.
         base["PYTHONUNBUFFERED"] = "1"
@@ -649,7 +338,7 @@ class Launcher:
 
     def _supervise(self) -> int:
         self._build_tasks()
-        if os.environ.get(_ISOLATED_ENV) == "1":
+        if in_private_namespace():
             self._say("isolated: the job runs in a private network namespace; its ports are unreachable from outside")
         else:
             self._say(
@@ -658,12 +347,12 @@ class Launcher:
             )
         self._say(f"cluster: {self._address_list()}; logs in {self.log_dir}")
         self._serve_metrics()
-        _write_json(os.path.join(self.log_dir, LAUNCHER_FILE), {"pid": os.getpid(), "workers": self.num_workers})
+        write_json(os.path.join(self.log_dir, LAUNCHER_FILE), {"pid": os.getpid(), "workers": self.num_workers})
         code = self._start_and_wait(self._servers(), "exited while starting")
         if code is not None:
             return code
         if self._signal is not None:
-            return _exit_code(-self._signal)
+            return exit_code(-self._signal)
         chief = self._tasks[("chief", 0)]
         if self.evaluator:
             self._spawn(self._tasks[("evaluator", 0)])
@@ -699,12 +388,12 @@ class Launcher:
                     if dead_ps is not None:
                         continue  # the ps branch above restarts the ps tasks and the chief
                 self._say(
-                    f"chief:0 {'finished' if code == 0 else 'failed'} with exit status {_exit_code(code)}; "
+                    f"chief:0 {'finished' if code == 0 else 'failed'} with exit status {exit_code(code)}; "
                     f"logs in {self.log_dir}" + ("" if code == 0 else f"; its log is {chief.log_path}")
                 )
                 if code == 0:
                     self._finish_evaluator()
-                return _exit_code(code)
+                return exit_code(code)
             time.sleep(POLL_S)
 
     def _serve_metrics(self) -> None:
@@ -732,74 +421,6 @@ class Launcher:
     def _auto_threads(self) -> int:
         """The intra-op threads of each server task: the CPUs divided among every task of the job."""
         return _server.threads_per_task(self.num_workers + self.num_ps + 1 + int(self.evaluator))
-
-    def _scale_request(self) -> int | None:
-        """The worker count `tf-psx scale` asked for (the request is consumed), or None."""
-        path = os.path.join(self.log_dir, SCALE_FILE)
-        if not os.path.exists(path):
-            return None
-        try:
-            with open(path, encoding="utf-8") as handle:
-                wanted = json.load(handle)["workers"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            self._say(f"error: ignoring the scale request {path}: {err}")
-            wanted = None
-        try:
-            os.remove(path)
-        except OSError:
-            pass
-        if wanted is None or not _checks.is_int_at_least(wanted, 1) or wanted > MAX_WORKERS:
-            self._say(f"error: ignoring the scale request for {wanted!r} workers: it must be an int in 1..{MAX_WORKERS}")
-            return None
-        return None if wanted == self.num_workers else int(wanted)
-
-    def _rescale(self, wanted: int, chief: _supervisor.TaskProcess) -> int | None:
-        """Restarts the chief with `wanted` workers; it resumes from the newest snapshot.
-
-        TF2's ClusterCoordinator has a fixed worker list, so the chief stops
-        (steps since the newest snapshot are trained again) and starts again
-        with the new TF_CONFIG. The ps tasks and the workers that stay keep
-        running: a new coordinator opens its own context on them and makes
-        its variables anew, restored from the snapshot. Only removed workers
-        stop and only added ones start. Returns an exit status to give up
-        with, or None.
-        """
-        before = self.num_workers
-        self._say(f"scaling from {before} to {wanted} workers: restarting the chief, which resumes from the newest "
-                  f"snapshot in {self.snapshot_dir}; the ps tasks and {min(before, wanted)} workers keep running")
-        self._stop([chief])
-        removed = [self._tasks.pop(("worker", index)) for index in range(wanted, before)]
-        self._stop(removed)
-        workers = list(self.config.workers[:wanted])
-        if wanted > before:
-            workers += [f"{LOOPBACK}:{port}" for port in free_ports(wanted - before)]
-        self.num_workers = wanted
-        self.config = ClusterConfig(workers=workers, ps=self.config.ps, chief=self.config.chief,
-                                    evaluator=self.config.evaluator)
-        server_argv = [sys.executable, "-m", "tf_psx.server"]
-        base = dict(self._tasks[("ps", 0)].env)
-        for index in range(before, wanted):
-            self._add_task("worker", index, server_argv, dict(base))
-        if self._intra_auto:
-            self.intra_op_threads = self._auto_threads()
-        # A task restarted later (a crash) comes back in the new cluster with the new thread counts;
-        # the running ones keep theirs.
-        for task in self._tasks.values():
-            task.env[TF_CONFIG_ENV] = self.config.to_json(task.task_type, task.index)
-            if task.task_type in SERVER_TYPES:
-                task.env.update(_server.thread_env(self.intra_op_threads, self.inter_op_threads))
-        self._say(f"cluster: {self._address_list()}; logs in {self.log_dir}")
-        added = [self._tasks[("worker", index)] for index in range(before, wanted)]
-        code = self._start_and_wait(added, "exited while rescaling")
-        if code is not None:
-            return code
-        if self._signal is not None:
-            return self._on_signal(chief)
-        chief.env[CHIEF_ATTEMPT_ENV] = str(int(chief.env.get(CHIEF_ATTEMPT_ENV, "0")) + 1)
-        self._spawn(chief)
-        _write_json(os.path.join(self.log_dir, LAUNCHER_FILE), {"pid": os.getpid(), "workers": wanted})
-        self._say(f"scaled to {wanted} workers")
-        return None
 
     def _address_list(self) -> str:
         jobs = self.config.as_dict()
@@ -850,7 +471,7 @@ class Launcher:
             chief.signal(signum)
         self._stop([chief], first_signal=None)
         code = chief.poll()
-        return _exit_code(code if code is not None else -signum)
+        return exit_code(code if code is not None else -signum)
 
     def _finish_evaluator(self) -> None:
         task = self._tasks.get(("evaluator", 0))
@@ -884,7 +505,7 @@ class Launcher:
             ) from None
 
     def _write_pids(self) -> None:
-        _write_json(self._pids_file, {task.name: task.pid for task in self._tasks.values() if task.pid is not None})
+        write_json(self._pids_file, {task.name: task.pid for task in self._tasks.values() if task.pid is not None})
 
     def _start_and_wait(self, tasks: list[_supervisor.TaskProcess], what: str) -> int | None:
         """Starts `tasks` and waits until they listen; the exit status to give up with, or None."""
@@ -902,7 +523,7 @@ class Launcher:
 
     def _wait_ready(self, tasks: list[_supervisor.TaskProcess]) -> _supervisor.TaskProcess | None:
         """Waits until every task listens; returns a task that died first, or None."""
-        failed = _supervisor.wait_ready(tasks, TASK_START_TIMEOUT_S, interrupted=lambda: self._signal is not None)
+        failed = _supervisor.wait_ready(tasks, _supervisor.START_TIMEOUT_S, interrupted=lambda: self._signal is not None)
         if failed is None:
             return None
         task, what = failed
@@ -923,39 +544,6 @@ class Launcher:
             self.metrics_server = None
 
 
-def _write_json(path: str, value) -> None:
-    """Writes `path` whole or not at all (a reader never sees half a file)."""
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(value, handle)
-    os.replace(temporary, path)
-
-
-def request_scale(log_dir: str, workers: Any) -> int:
-    """Asks the `tf-psx launch` running with `log_dir` to rescale to `workers`; returns the launcher's pid.
-
-    Raises:
-      LaunchError: a bad count, or no launcher running with that log directory.
-    """
-    _checks.int_at_least(workers, 1, "Option `--workers`", error=LaunchError,
-                         fix="pass e.g. --workers 2 (a job needs at least one worker)")
-    if workers > MAX_WORKERS:
-        raise LaunchError(f"Option `--workers` must be at most {MAX_WORKERS} (one loopback port and process each). "
-                          f"Received: {workers}. Fix: pass a smaller count.")
-    path = os.path.join(str(log_dir), LAUNCHER_FILE)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            pid = int(json.load(handle)["pid"])
-        os.kill(pid, 0)
-    except (OSError, ValueError, KeyError) as err:
-        raise LaunchError(
-            f"No running tf-psx launch has the log directory {log_dir!r} ({path}: {err}). Fix: pass the LOG_DIR "
-            "the launcher printed in its \"cluster:\" line."
-        ) from None
-    _write_json(os.path.join(str(log_dir), SCALE_FILE), {"workers": int(workers)})
-    return pid
-
-
 def _python_script(command: list[str]) -> str | None:
     """The script a `python ... script.py ...` command runs, or None (not Python, or `-c` / `-m`)."""
     if not os.path.basename(command[0]).startswith("python"):
@@ -966,22 +554,3 @@ def _python_script(command: list[str]) -> str | None:
         if not part.startswith("-"):
             return part
     return None
-
-
-def _copy_lines(stream, target, lock: threading.Lock) -> None:
-    """Copies the lines of a byte stream to target() (a text stream) until EOF."""
-    try:
-        for line in iter(stream.readline, b""):
-            with lock:
-                target().write(line.decode("utf-8", errors="replace"))
-                target().flush()
-    finally:
-        stream.close()
-
-
-def _bring_up_loopback() -> None:
-    """Sets `lo` up in this (fresh) network namespace, as `ip link set lo up` does."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        request = struct.pack(_IFREQ, b"lo", 0)
-        flags = struct.unpack(_IFREQ, fcntl.ioctl(sock, _SIOCGIFFLAGS, request))[1]
-        fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", flags | _IFF_UP))

@@ -1,4 +1,4 @@
-"""Synchronous parameter-server steps on TF 2.16.2, tf-keras 2.16 and TFRA 0.8.1.
+"""Synchronous parameter-server training: the sync controller of `ParameterServerStrategy(sync=...)`.
 
 A sync step combines R gradients (R = `replicas_to_aggregate`), each from
 its own batch and all computed from the same parameters, and applies their
@@ -41,22 +41,29 @@ steps applied so far.
 * **Flush.** `SyncController.flush` applies a partial step (fewer than R
   arrivals) once nothing is in flight: at the end of `fit`, before a
   snapshot and when switching mode, so every batch is applied exactly once.
+
+"Sync" here is synchronous training only; snapshots are
+`tf_psx.callbacks.PeriodicSync`. What this reaches into in TF, tf-keras
+and TFRA lives in the door: `tf_psx._tf.sync_training` (the optimizer's
+`_internal_apply_gradients`, the tail flush in `Model.fit`, the claim's
+graph bookkeeping, the learning-rate schedule, the closure queue, tf.data's
+sleep) and `tf_psx._tf.shadows` (loading TFRA's shadows at the apply).
+`install` passes `controller_of` to it; the strategy's `run` wraps each
+step with `SyncController.wrap_step`.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import time
 import weakref
 
 import tensorflow as tf
 
-from tf_psx._tf import exact_updates as _exact_updates, keras as _tf_keras, runtime as _runtime
+from tf_psx._tf import exact_updates as _optimizer_door, runtime as _runtime, shadows as _shadows
+from tf_psx._tf import sync_training as _door, tfra as _tfra
 from tf_psx.errors import SyncStepError
-
-logger = logging.getLogger("tf_psx")
 
 # Indices into the state vector.
 _F_ENABLED, _F_VERSION, _F_TAKEN, _F_ARRIVED, _F_DROPPED, _F_REASSIGNED, _F_STARTED, _F_BATCHES, _F_STEPS = range(9)
@@ -71,17 +78,6 @@ STATE_DEVICE = "/job:ps/replica:0/task:0/device:CPU:0"
 WATCHDOG_POLL_S = 1.0
 
 _ids = itertools.count()
-_install_lock = threading.Lock()
-_INSTALLED = False
-
-
-def _sleep(seconds: float):
-    """A graph op that sleeps `seconds` where it runs (tf.data's sleep transformation)."""
-    from tensorflow.python.data.experimental.ops import testing  # pylint: disable=import-outside-toplevel
-
-    micros = max(1, int(seconds * 1e6))
-    dataset = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).apply(testing.sleep(micros))
-    return dataset.reduce(tf.constant(0, tf.int64), lambda total, item: total + item)
 
 
 def _write(state, value):
@@ -158,13 +154,11 @@ class _TableAccumulator:
     """Sums a TFRA table's gradient rows per key, in a hash table of its own on the sync state's ps task."""
 
     def __init__(self, shadow, anchor):
-        from tf_psx._tf.tfra import tfra  # pylint: disable=import-outside-toplevel
-
         self.variable = shadow
         params = shadow.params
         self._keys = None
         with tf.init_scope():
-            self.sums = tfra().Variable(
+            self.sums = _tfra.tfra().Variable(
                 key_dtype=params.key_dtype, value_dtype=params.value_dtype, dim=params.dim,
                 devices=[anchor.device], name=f"tf_psx_sync_{params.name.replace('/', '_')}", initializer=0.0,
                 trainable=False)
@@ -182,17 +176,12 @@ class _TableAccumulator:
         return self.sums.upsert(keys, self.sums.lookup(keys) + values)
 
     def mean(self, count):
-        from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=import-outside-toplevel
-
         keys, summed = self.sums.export()
         self._keys = keys
         rows = tf.shape(keys)[0]
         shadow = self.variable
         # The optimizer's apply reads the step's keys and rows from the shadow.
-        loads = [
-            gen_resource_variable_ops.assign_variable_op(shadow.ids.handle, keys),
-            gen_resource_variable_ops.assign_variable_op(shadow.handle, shadow.params.lookup(keys)),
-        ]
+        loads = [_shadows.write_buffer(shadow.ids, keys), _shadows.write_buffer(shadow, shadow.params.lookup(keys))]
         gradient = tf.IndexedSlices(summed / tf.cast(count, summed.dtype), tf.range(rows),
                                     tf.stack([rows, shadow.params.dim]))
         return gradient, loads
@@ -218,23 +207,13 @@ class _Applier:
         grads_and_vars = [(gradient, accumulator.variable) for (gradient, _), accumulator in
                           zip(means, self.accumulators)]
         with tf.control_dependencies(loads):
-            rate = _learning_rate_update(optimizer)
+            rate = _door.learning_rate_update(optimizer)
         with tf.control_dependencies(loads + rate):
             applied = self.original(self.distribution, grads_and_vars)
         with tf.control_dependencies([applied]):
             clears = [accumulator.clear() for accumulator in self.accumulators]
         with tf.control_dependencies(clears):
             return tf.constant(0, tf.int64)
-
-
-def _learning_rate_update(optimizer) -> list:
-    """The schedule's rate for the step about to be applied, from `iterations` (read under the lock)."""
-    schedule_class = tf.keras.optimizers.schedules.LearningRateSchedule
-    current = getattr(optimizer, "_current_learning_rate", None)
-    if current is None or not isinstance(getattr(optimizer, "_learning_rate", None), schedule_class):
-        return []
-    value = optimizer._learning_rate(optimizer.iterations)  # pylint: disable=protected-access
-    return [current.assign(tf.cast(value, current.dtype), read_value=False)]
 
 
 class SyncController:
@@ -265,7 +244,7 @@ class SyncController:
         with tf.init_scope(), tf.device(STATE_DEVICE):
             self.state = tf.Variable(tf.constant(initial, tf.float64), trainable=False, name="tf_psx_sync_state")
             self.lock = tf.CriticalSection(shared_name=f"tf_psx_sync_lock_{next(_ids)}")
-        self._claims: dict = {}
+        self._claims = _door.StepClaims()
         self._accumulators: dict = {}
         self._applier: _Applier | None = None
         _Watchdog(self)
@@ -304,7 +283,7 @@ class SyncController:
             return tf.equal(version, _WAIT) & (polls < max_polls)
 
         def poll(version, polls):  # pylint: disable=unused-argument
-            with tf.control_dependencies([_sleep(POLL_S)]):
+            with tf.control_dependencies([_door.sleep(POLL_S)]):
                 return self._locked(self._try_claim), polls + 1
 
         version, _ = tf.while_loop(waiting, poll, [first, tf.constant(0)])
@@ -317,40 +296,18 @@ class SyncController:
             return tf.identity(version)
 
     def wrap_step(self, fn):
-        """`fn` run after a claim: every op it makes waits for the claim."""
-
-        def step(*args, **kwargs):
-            version = self.claim()
-            graph = tf.compat.v1.get_default_graph()
-            # Keyed by graph, not thread: tf.distribute runs a replica's fn in
-            # its own thread and the optimizer's merge_call in the caller's.
-            stack = self._claims.setdefault(graph, [])
-            stack.append(version)
-            try:
-                with tf.control_dependencies([version]):
-                    return fn(*args, **kwargs)
-            finally:
-                stack.pop()
-                if not stack:
-                    self._claims.pop(graph, None)
-
-        return step
+        """`fn` run after a claim: every op it makes waits for the claim (`strategy.run` calls this)."""
+        return self._claims.wrap(fn, self.claim)
 
     def current_version(self):
         """The version claimed by the step being traced (an int64 tensor), or None outside one."""
-        graph = tf.compat.v1.get_default_graph()
-        while graph is not None:
-            stack = self._claims.get(graph)
-            if stack:
-                return stack[-1]
-            graph = getattr(graph, "outer_graph", None)
-        return None
+        return self._claims.current()
 
     def _accumulator(self, optimizer, gradient, variable):
-        key = (id(optimizer), optimizer._var_key(variable))  # pylint: disable=protected-access
+        key = (id(optimizer), _optimizer_door.var_key(optimizer, variable))
         accumulator = self._accumulators.get(key)
         if accumulator is None:
-            if _exact_updates._is_tfra_shadow(variable):  # pylint: disable=protected-access
+            if _tfra.is_tfra_shadow(variable):
                 accumulator = _TableAccumulator(variable, self.state)
             elif isinstance(gradient, tf.IndexedSlices):
                 accumulator = _SparseAccumulator(self.strategy, variable)
@@ -461,12 +418,12 @@ class SyncController:
             s = controller.state.read_value()
             enable = tf.where(flag < 0, s[_F_ENABLED], flag)
             return tf.cond(s[_F_ARRIVED] > 0,
-                           lambda: controller._complete(s, s[_F_ARRIVED], applier, enable),  # pylint: disable=protected-access
+                           lambda: controller._complete(s, s[_F_ARRIVED], applier, enable),  # pylint: disable=protected-access  (tf_psx's own class)
                            lambda: _write(controller.state, _set(_set(s, _F_ENABLED, enable), _F_TAKEN, 0)))
 
         @tf.function
         def flush(flag):
-            return controller._locked(lambda: locked(flag))[_F_VERSION]  # pylint: disable=protected-access
+            return controller._locked(lambda: locked(flag))[_F_VERSION]  # pylint: disable=protected-access  (tf_psx's own class)
 
         return flush
 
@@ -499,9 +456,7 @@ class _Watchdog(threading.Thread):
 
 def _watch_once(controller: SyncController, down_since: float | None) -> float | None:
     """One look of the watchdog; returns since when no worker listens (None: one does, or nothing pends)."""
-    coordinator = getattr(controller.strategy, "_cluster_coordinator", None)
-    queue = getattr(getattr(coordinator, "_cluster", None), "closure_queue", None)
-    if queue is None or (queue._queue.empty() and queue._inflight_closure_count == 0):  # pylint: disable=protected-access
+    if not _door.steps_pending(controller.strategy):
         return None
     if any(controller.address_listens(address) for address in controller.worker_addresses):
         return None
@@ -509,7 +464,7 @@ def _watch_once(controller: SyncController, down_since: float | None) -> float |
     down_since = down_since or now
     if now - down_since < controller.timeout_s:
         return down_since
-    fail_queue(queue, SyncStepError(
+    _door.fail_steps(controller.strategy, SyncStepError(
         f"tf_psx sync: no worker of {controller.worker_addresses} has listened for "
         f"{controller.timeout_s:.0f} s, so the sync step in progress cannot complete. Fix: restart "
         "the workers (tf-psx launch restarts them), then call fit again; the state is as after the "
@@ -517,58 +472,16 @@ def _watch_once(controller: SyncController, down_since: float | None) -> float |
     return None
 
 
-def fail_queue(queue, error: Exception) -> None:
-    """Makes TF 2.16's closure queue raise `error` in `join()`/`schedule()` (private fields)."""
-    with queue._queue_lock:  # pylint: disable=protected-access
-        if queue._error is None:  # pylint: disable=protected-access
-            queue._error = error  # pylint: disable=protected-access
-        while not queue._queue.empty():  # pylint: disable=protected-access
-            queue._queue.get(block=False).mark_cancelled()  # pylint: disable=protected-access
-            queue._queue_free_slot_condition.notify()  # pylint: disable=protected-access
-        queue._stop_waiting_condition.notify_all()  # pylint: disable=protected-access
-        queue._no_inflight_closure_condition.notify_all()  # pylint: disable=protected-access
-
-
-# --- hooks into tf-keras ----------------------------------------------------
+# --- the strategy's controller, and the hooks that reach it -------------------
 
 CONTROLLER_ATTR = "sync_controller"
 
 
 def controller_of(strategy) -> SyncController | None:
+    """The strategy's `SyncController` (`strategy.sync_controller`), or None."""
     return getattr(strategy, CONTROLLER_ATTR, None)
 
 
 def install() -> None:
     """Routes the tf-keras optimizer apply through the strategy's controller, and flushes at fit's end (once)."""
-    global _INSTALLED  # pylint: disable=global-statement
-    with _install_lock:
-        if _INSTALLED:
-            return
-        keras = _tf_keras.keras()
-        optimizer_class = keras.optimizers.Optimizer
-        original_internal = optimizer_class._internal_apply_gradients  # pylint: disable=protected-access
-
-        def _internal_apply_gradients(self, grads_and_vars):
-            controller = controller_of(self._distribution_strategy)  # pylint: disable=protected-access
-            if controller is None or controller.current_version() is None:
-                return original_internal(self, grads_and_vars)
-            fn = controller.apply_gradients_fn(self, self._distributed_apply_gradients_fn)  # pylint: disable=protected-access
-            return tf.__internal__.distribute.interim.maybe_merge_call(fn, self._distribution_strategy, grads_and_vars)  # pylint: disable=protected-access
-
-        _internal_apply_gradients.__wrapped__ = original_internal
-        optimizer_class._internal_apply_gradients = _internal_apply_gradients  # pylint: disable=protected-access
-
-        model_class = keras.Model
-        original_fit = model_class.fit
-
-        def fit(self, *args, **kwargs):
-            history = original_fit(self, *args, **kwargs)
-            controller = controller_of(self.distribute_strategy)
-            if controller is not None:
-                controller.flush()
-            return history
-
-        fit.__doc__ = original_fit.__doc__
-        fit.__wrapped__ = original_fit
-        model_class.fit = fit
-        _INSTALLED = True
+    _door.install(controller_of)

@@ -1,4 +1,7 @@
-"""The snapshot store behind `tf_psx.callbacks.PeriodicSync`: format, atomic commit, listing, pruning.
+"""The snapshot store: format, atomic commit, listing, pruning, the newest (no TensorFlow to import).
+
+It is what `tf_psx.snapshots.engine` (behind `tf_psx.callbacks.PeriodicSync`)
+writes through, and what a reader that only lists snapshots uses.
 
 A snapshot is a directory `<directory>/snapshot-<step, 12 digits>/` holding
 a checkpoint (`ckpt.*`, written by the caller) and a manifest
@@ -72,7 +75,7 @@ class Snapshot:
       steps_per_epoch: fit's steps per epoch then (None if unknown).
       seconds: how long the barrier and the write took.
       delta_of: for a resume point made of a full snapshot and a delta
-        snapshot (`tf_psx.deltas`), the full snapshot's step (`path` is
+        snapshot (`tf_psx.snapshots.deltas`), the full snapshot's step (`path` is
         its directory, `step` the delta's); None for a full snapshot.
     """
 

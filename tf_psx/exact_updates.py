@@ -1,0 +1,532 @@
+"""Exact optimizer updates under several asynchronous workers: the per-variable lock protocol.
+
+tf-keras optimizers write a variable's update as several separate ops: SGD
+runs `m.assign(m * momentum)`, `m.scatter_add(...)` and `var.assign_add(m)`
+(even at momentum 0), Adam decays and scatters `m` and `v` and then reads
+them back, and bias-corrects with the global `iterations`. With one worker
+the ops of two steps never interleave. With several, they do, on the same
+ps variable: measured with stock `SGD` and 2 workers, 1.2x to 1.4x of the
+true update was applied (worker A's `var.assign_add(m)` adds worker B's
+gradient, which B adds again).
+
+Here each variable's update runs as one unit. Every trainable variable (each
+shard of a sharded one) gets a `tf.CriticalSection` on its own ps task, and
+the optimizer's `_update_step` for that variable runs inside it: the
+gradient is first copied to the ps (so the lock is never held while data is
+still in flight from a worker), then the optimizer's own ops run under the
+lock, and the lock is released when every op they created has run. Locks
+are per variable, so updates of different variables (and different shards)
+still run in parallel; only two updates of the same shard wait on each other,
+which is what the `use_locking` kernels of TF's fused optimizers do too.
+
+Adam-family optimizers bias-correct with the step number. Under several
+workers the global `iterations` is read by two steps at once, so each
+variable also gets its own step counter, colocated with it, read and
+incremented under the lock; inside the update `optimizer.iterations` is that
+counter. With one worker it equals the global count. The counters are
+tracked by the optimizer (`_tf_psx_local_steps`), so they are checkpointed
+and restored with it.
+
+TFRA hash tables get the same protocol per table (see `tfra_apply_gradients_fn`),
+and `adopt_exact_optimizer` decides at compile what a model's optimizer
+becomes under a strategy with `exact_updates`.
+
+The patches this needs live in the door: `tf_psx._tf.exact_updates`
+(tf-keras's `_update_step`, `Model.compile`, the private fields read here),
+`tf_psx._tf.lock_release` (the release kept out of TF's op ordering),
+`tf_psx._tf.tfra` and `tf_psx._tf.shadows` (TFRA's optimizer and buffers).
+`install`, `install_compile_warning` and `install_tfra_optimizer_hook` pass
+this module's functions to them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+
+import tensorflow as tf
+
+from tf_psx._tf import exact_updates as _door, keras as _tf_keras, lock_release as _lock_release
+from tf_psx._tf import shadows as _shadows, tfra as _tfra
+from tf_psx.errors import TFRAOptimizerError
+
+logger = logging.getLogger("tf_psx")
+
+# Attribute names on the optimizer instance.
+_STATE_ATTR = "_tf_psx_update_locks"
+_STEPS_ATTR = "_tf_psx_local_steps"
+# Counter values to set when the counter is made (`restore_counter_later`).
+_PENDING_ATTR = "_tf_psx_pending_steps"
+# Row marks (`register_row_marks`): variable key -> bool [rows], set by every update of the variable.
+_MARKS_ATTR = "_tf_psx_row_marks"
+# Mutexes are shared by name on their ps task; the counter keeps two
+# optimizers (or two processes' variables of one name) apart.
+_LOCK_PREFIX = "tf_psx_update_lock"
+_ids = itertools.count()
+
+# Read by tf_psx.callbacks (delta snapshots): which variables the optimizer updates, and their slots.
+updates = _door.updates
+slots_of = _door.slots_of
+
+
+def _strategy_wants_exact(optimizer) -> bool:
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    strategy = strategy or _door.strategy_of(optimizer)
+    return bool(getattr(strategy, "exact_updates", False))
+
+
+def _applies(optimizer, variable) -> bool:
+    # TFRA's per-batch buffers are written back to the hash tables by the
+    # table update below (or TFRA's own apply path).
+    return (
+        _door.has_unique_id(variable)
+        and not _tfra.is_tfra_shadow(variable)
+        and _strategy_wants_exact(optimizer)
+    )
+
+
+def _state(optimizer, key: str, variable_scope, lock_device: str):
+    """The (lock, step counter) stored under `key`, created on first use.
+
+    Args:
+      optimizer: the optimizer that owns them (the counters are tracked by it,
+        so they are checkpointed with it).
+      key: what the state belongs to (a variable's key, or a TFRA table).
+      variable_scope: a callable returning the context in which the counter
+        is created (where it is placed).
+      lock_device: the device of the lock.
+    """
+    locks = optimizer.__dict__.setdefault(_STATE_ATTR, {})
+    if key in locks:
+        return locks[key]
+    name = key.replace("/", "_").replace(":", "_")
+    with tf.init_scope():
+        if not hasattr(optimizer, _STEPS_ATTR):
+            # A tracked dict: the counters are saved with the optimizer.
+            setattr(optimizer, _STEPS_ATTR, {})
+            _door.keep_in_saved_children(optimizer, _STEPS_ATTR)
+        with variable_scope():
+            step = tf.Variable(
+                tf.constant(0, tf.int64),
+                trainable=False,
+                name=f"{name}_local_step",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
+        with tf.device(lock_device):
+            lock = tf.CriticalSection(shared_name=f"{_LOCK_PREFIX}_{next(_ids)}")
+        getattr(optimizer, _STEPS_ATTR)[name] = step
+        pending = optimizer.__dict__.get(_PENDING_ATTR, {})
+        if name in pending:
+            # After the deferred restore (from the full snapshot) that tracking just ran.
+            step.assign(pending.pop(name))
+    locks[key] = (lock, step)
+    return locks[key]
+
+
+def register_row_marks(optimizer, variable, mask) -> bool:
+    """Has every exact update of `variable` (a shard) set `mask[row]` for the rows it writes.
+
+    Only updates traced after the registration set marks: the caller makes
+    the train function again when this returns True (a new registration).
+
+    Returns:
+      True when `mask` was not registered for `variable` before.
+    """
+    marks = optimizer.__dict__.setdefault(_MARKS_ATTR, {})
+    key = _door.var_key(optimizer, variable)
+    new = marks.get(key) is not mask
+    marks[key] = mask
+    return new
+
+
+def row_marks_of(optimizer, variable):
+    """The mask registered for `variable`, or None."""
+    return optimizer.__dict__.get(_MARKS_ATTR, {}).get(_door.var_key(optimizer, variable))
+
+
+def counter_path_name(path: str) -> str | None:
+    """The counter name in a checkpoint path `optimizer/_tf_psx_local_steps/<name>`, else None."""
+    head = f"optimizer/{_STEPS_ATTR}/"
+    return path[len(head):] if path.startswith(head) else None
+
+
+def restore_counter_later(optimizer, name: str, value) -> None:
+    """Sets the step counter `name` to `value` when the first update creates it (a delta snapshot's value)."""
+    optimizer.__dict__.setdefault(_PENDING_ATTR, {})[name] = int(value)
+
+
+def _state_for(optimizer, variable):
+    """The (lock, step counter) of `variable`, on its ps task."""
+    strategy = tf.distribute.get_strategy()
+    return _state(
+        optimizer,
+        _door.var_key(optimizer, variable),
+        lambda: strategy.extended.colocate_vars_with(variable),
+        variable.device,
+    )
+
+
+def _on_variable_device(gradient, variable):
+    with tf.device(variable.device):
+        if isinstance(gradient, tf.IndexedSlices):
+            return tf.IndexedSlices(tf.identity(gradient.values), tf.identity(gradient.indices), gradient.dense_shape)
+        return tf.identity(gradient)
+
+
+def _execute_unordered(lock, update, step):
+    """`lock.execute(update)`, its release unordered (tf_psx._tf.lock_release), kept alive by a read of `step`.
+
+    The read of the variable's counter is a resource op that the function
+    must run, so the release it waits for runs too.
+    """
+    output = _lock_release.run_unordered(lock, update)
+    with tf.control_dependencies([output]):
+        return step.read_value()
+
+
+_READS_ITERATIONS: dict[type, bool] = {}
+
+
+def _reads_iterations(optimizer) -> bool:
+    """True when the optimizer's `update_step` uses the step number (Adam's bias correction).
+
+    Read from the source of the first `update_step` in the class's MRO and
+    of the ones it may call up the chain; when the source cannot be read,
+    True (the counter is then kept, which is always correct).
+    """
+    cls = type(optimizer)
+    if cls not in _READS_ITERATIONS:
+        try:
+            sources = [inspect.getsource(klass.__dict__["update_step"]) for klass in cls.__mro__
+                       if "update_step" in klass.__dict__]
+            _READS_ITERATIONS[cls] = any("iterations" in source for source in sources)
+        except (OSError, TypeError):
+            _READS_ITERATIONS[cls] = True
+    return _READS_ITERATIONS[cls]
+
+
+def _run_counted(optimizer, step, run):
+    """Runs `run()` (the optimizer's own ops) and returns a tensor that waits for all of them.
+
+    With an optimizer that bias-corrects by the step number, `iterations`
+    reads the variable's own counter inside `run`, which is then advanced.
+    """
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    before = set(graph.get_operations()) if graph is not None else set()
+    counted = _reads_iterations(optimizer)
+    if counted:
+        with _door.iterations_as(optimizer, step.read_value()):
+            run()
+    else:
+        run()
+    created = [op for op in graph.get_operations() if op not in before] if graph is not None else []
+    # The lock is released once the returned tensor exists: make it wait for
+    # every op of the update.
+    with tf.control_dependencies(created):
+        return step.assign_add(1, read_value=True) if counted else tf.constant(0, tf.int64)
+
+
+def _mark_rows(optimizer, gradient, variable) -> None:
+    """Marks the rows this update writes, when marks are registered for `variable`."""
+    mask = row_marks_of(optimizer, variable)
+    if mask is None:
+        return
+    if isinstance(gradient, tf.IndexedSlices):
+        mask.scatter_update(tf.IndexedSlices(tf.ones_like(gradient.indices, dtype=tf.bool), gradient.indices))
+    else:
+        mask.assign(tf.ones_like(mask, dtype=tf.bool))
+
+
+def _locked_update(original, optimizer, gradient, variable):
+    lock, step = _state_for(optimizer, variable)
+    gradient = _on_variable_device(gradient, variable)
+
+    def run():
+        original(optimizer, gradient, variable)
+        _mark_rows(optimizer, gradient, variable)
+
+    def update():
+        return _run_counted(optimizer, step, run)
+
+    return _execute_unordered(lock, update, step)
+
+
+def install() -> None:
+    """Routes tf-keras optimizer updates through `_locked_update` (once per process).
+
+    The patch is inert unless the strategy in scope has `exact_updates`
+    set (tf_psx.ParameterServerStrategy does by default).
+    """
+    _door.install(_applies, _locked_update)
+
+
+# --- TFRA hash tables (written against TFRA 0.8.1's DynamicEmbeddingOptimizer) ---
+#
+# TFRA trains a table through per-batch "shadow" buffers: the forward pass
+# copies the batch's rows into the shadow, the optimizer updates the shadow
+# (and one shadow per slot), and the result is written back to the table
+# (`upsert`, or with bp_v2 a delta). Written back as values, two workers that
+# looked up the same row both write their own "old row + my update", and one
+# update is lost (measured: 0.66 of the true SGD update with 2 workers). With
+# bp_v2 the row delta is exact for SGD, but the slots (Adagrad's accumulator,
+# Adam's moments) and new keys still race.
+#
+# Here each table's update runs as one unit under a lock on the table's first
+# ps task: read the rows and slots afresh from the table, run the optimizer's
+# own update on the shadows, write rows and slots back. Keys that are still
+# absent keep the value the forward pass used (TFRA draws a fresh random row
+# per lookup of an absent key). Adam-family bias correction uses a per-table
+# step counter, as for ordinary variables above.
+
+
+def _tfra_slots_of(optimizer, shadow):
+    ids = shadow.ids
+    return [
+        slot
+        for slot in _door.optimizer_variables(optimizer)
+        if slot is not shadow and _tfra.is_tfra_shadow(slot) and getattr(slot, "ids", None) is ids
+    ]
+
+
+def _table_state(optimizer, params):
+    """The (lock, step counter) of the TFRA table `params`, on the table's first ps task."""
+    device = params.devices[0]
+    return _state(optimizer, f"tfra/{params.name}", lambda: tf.device(device), device)
+
+
+def table_lock(optimizer, params):
+    """The lock that `optimizer`'s updates of the TFRA table `params` run under (created on first use)."""
+    return _table_state(optimizer, params)[0]
+
+
+def run_locked(lock, fn):
+    """`lock.execute(fn)` in a traced step, its release kept out of TF's program-order chain.
+
+    The release is a control input of the returned value: whatever uses
+    the value waits for it.
+    """
+    return _lock_release.run_unordered(lock, fn)
+
+
+def _fresh_slot_rows(optimizer, slot, ids):
+    """The slot's rows for `ids` from its table; absent keys get the optimizer's initial slot value.
+
+    TFRA builds a slot table's default from the shadow's initial value, an
+    empty [0, dim] tensor, so Adagrad's and Ftrl's accumulators of new keys
+    started at 0 instead of `initial_accumulator_value` (0.1 by default):
+    measured 1.41x the true Adagrad move even with one worker.
+    """
+    fresh, exists = slot.params.lookup(ids, return_exists=True)
+    initial = getattr(optimizer, "initial_accumulator_value", None)
+    if initial is None or "accumulator" not in slot.params.name.rsplit("/", 1)[-1]:
+        return fresh
+    return tf.where(tf.reshape(exists, [-1, 1]), fresh, tf.cast(initial, fresh.dtype) * tf.ones_like(fresh))
+
+
+def _tfra_locked_update(original, optimizer, gradient, shadow):
+    if not shadow.params.trainable:
+        return tf.no_op()
+    lock, step = _table_state(optimizer, shadow.params)
+    slots = _tfra_slots_of(optimizer, shadow)
+    _shadows.track_optimizer_slots(shadow, slots)
+    params = shadow.params
+
+    admission = _tfra.admission_of(params)
+
+    def update():
+        ids = shadow.ids.read_value()
+        forward_rows = shadow.read_value(do_prefetch=False)
+        fresh, exists = params.lookup(ids, return_exists=True)
+        rows = tf.where(tf.reshape(exists, [-1, 1]), fresh, forward_rows)
+        loads = [_shadows.write_buffer(shadow, rows)]
+        for slot in slots:
+            loads.append(_shadows.write_buffer(slot, _fresh_slot_rows(optimizer, slot, ids)))
+        with tf.control_dependencies(loads):
+            done = _run_counted(optimizer, step, lambda: original(optimizer, gradient, shadow))
+        with tf.control_dependencies([done]):
+            new_rows = shadow.read_value(do_prefetch=False)
+            new_slots = [slot.read_value(do_prefetch=False) for slot in slots]
+            if admission is not None:
+                # Only admitted keys get a row and slots (tf_psx.tables.TablePolicy).
+                keep = tf.reshape(admission(ids), [-1])
+                ids = tf.reshape(ids, [-1])
+                ids = tf.boolean_mask(ids, keep)
+                new_rows = tf.boolean_mask(new_rows, keep)
+                new_slots = [tf.boolean_mask(value, keep) for value in new_slots]
+            writes = [params.upsert(ids, new_rows)]
+            writes += [slot.params.upsert(ids, value) for slot, value in zip(slots, new_slots)]
+            if params.restrict_policy is not None:
+                writes.append(params.restrict_policy.apply_update(ids))
+        with tf.control_dependencies(writes):
+            return tf.identity(done)
+
+    return _execute_unordered(lock, update, step)
+
+
+def tfra_apply_gradients_fn(optimizer, tfra_fn):
+    """An exact `_distributed_apply_gradients_fn` for a TFRA-wrapped optimizer.
+
+    Args:
+      optimizer: a tf-keras optimizer already wrapped by TFRA's
+        `DynamicEmbeddingOptimizer`.
+      tfra_fn: TFRA's own function, used when the strategy in scope does not
+        ask for exact updates.
+
+    Returns:
+      A function with the signature of tf-keras's
+      `_distributed_apply_gradients_fn(distribution, grads_and_vars, **kwargs)`.
+    """
+
+    def apply_gradients_fn(distribution, grads_and_vars, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        with_policy = any(_tfra.is_tfra_shadow(var) and _tfra.admission_of(var.params) is not None
+                          for _, var in grads_and_vars)
+        if not _strategy_wants_exact(optimizer) and not with_policy:
+            # Tables with admission always take the path below, which writes admitted keys only.
+            return tfra_fn(distribution, grads_and_vars, **kwargs)
+        original = _door.original_update_step()
+
+        def apply_one(var, grad):
+            if _tfra.is_tfra_shadow(var):
+                return _tfra_locked_update(original, optimizer, grad, var)
+            return _door.update_step(optimizer, grad, var)
+
+        for grad, var in grads_and_vars:
+            if _tfra.is_tfra_shadow(var):
+                # TFRA's shadows report the coordinator's device; their
+                # update runs where the handles live, not "colocated".
+                with tf.compat.v1.colocate_with(None, ignore_existing=True):
+                    apply_one(var, grad)
+            else:
+                distribution.extended.update(var, apply_one, args=(grad,), group=False)
+        if optimizer.use_ema:
+            _door.update_moving_average(optimizer, [var for _, var in grads_and_vars])
+        return optimizer.iterations.assign_add(1)
+
+    return apply_gradients_fn
+
+
+def _exact_apply(optimizer, tfra_fn):
+    """`tfra_apply_gradients_fn`, with the variables' locked updates installed (the table apply runs them too)."""
+    install()
+    return tfra_apply_gradients_fn(optimizer, tfra_fn)
+
+
+def wrap_tfra_optimizer(optimizer, bp_v2: bool = False):
+    """Applies TFRA's DynamicEmbeddingOptimizer to `optimizer` once (if the user did not), and the exact apply; returns it."""
+    return _tfra.wrap_tfra_optimizer(optimizer, _exact_apply, bp_v2=bp_v2)
+
+
+def install_tfra_optimizer_hook() -> None:
+    """Makes tf-keras `Model.compile` wrap the optimizer of a model with a DynamicEmbedding (tf_psx._tf.tfra)."""
+    _tfra.install_tfra_optimizer_hook(wrap_tfra_optimizer)
+
+
+# --- What a model's optimizer becomes at compile ---
+
+
+def inexact_reason(optimizer, strategy) -> str | None:
+    """Why `optimizer` under `strategy` may lose or double updates; None when exact.
+
+    Exact: one worker, or tf_psx's strategy with `exact_updates` and a
+    tf-keras (non-legacy) optimizer. Legacy optimizers
+    (`tf.keras.optimizers.legacy.*`) apply through TF's own kernels without
+    the lock; of those only plain SGD (a scatter-add) is exact.
+    """
+    if not hasattr(strategy, "exact_updates") or getattr(strategy, "num_workers", 1) < 2:
+        return None
+    if not strategy.exact_updates:
+        return (
+            "ParameterServerStrategy(exact_updates=False): several async workers can lose or double "
+            "updates of one variable. Fix: leave exact_updates=True (the default)."
+        )
+    legacy = _tf_keras.keras().optimizers.legacy.Optimizer
+    if isinstance(optimizer, legacy):
+        plain_sgd = type(optimizer).__name__ == "SGD" and not _door.legacy_momentum(optimizer)
+        if not plain_sgd:
+            return (
+                f"the legacy optimizer {type(optimizer).__qualname__} applies its updates without tf_psx's "
+                "per-variable lock, so several async workers can lose or mix updates. Fix: use "
+                f"tf.keras.optimizers.{type(optimizer).__name__} (or tf_psx.optimizers.LazyAdam / SGD)."
+            )
+    return None
+
+
+def current_optimizer_for(optimizer):
+    """The current tf-keras optimizer with a legacy optimizer's settings, or None when there is none.
+
+    A legacy optimizer (`tf.keras.optimizers.legacy.*`) applies its update
+    through TF's fused kernels, outside tf_psx's per-variable lock, and its
+    Adam bias correction reads the global step: several async workers lose or
+    mix updates. The current class of the same name computes the same update
+    (Adam: `lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)` in both).
+    None when the class has no current twin or a setting has no meaning there
+    (`decay` != 0).
+    """
+    current = getattr(_tf_keras.keras().optimizers, type(optimizer).__name__, None)
+    if current is None or not isinstance(current, type):
+        return None
+    config = optimizer.get_config()
+    if config.pop("decay", 0.0):
+        return None
+    accepted = inspect.signature(current.__init__).parameters
+    return current.from_config({key: value for key, value in config.items() if key in accepted})
+
+
+def adopt_exact_optimizer(model) -> None:
+    """Under a strategy with exact updates: a legacy optimizer becomes its current twin, TFRA layers get exact updates.
+
+    A legacy optimizer (`tf.keras.optimizers.legacy.*`) applies its update
+    through TF's fused kernels, outside the per-variable lock, and its Adam
+    bias correction reads the global step. The current class of the same
+    name computes the same update, so it replaces it, with the same
+    settings (logged once per model); without a twin
+    (`current_optimizer_for` is None) the compile warning says so.
+
+    A model with TFRA's own layers (`de.keras.layers.Embedding`,
+    `SquashedEmbedding`) failed with 2 workers under TF alone, as in TFRA's
+    own parameter-server demo ("Cannot update variable with shape [63,32]
+    using a Tensor with shape [64,32]"): the workers shared the shadows
+    (made per worker by `tf_psx._tf.shadows`) and the update wrote rows back
+    as values outside any lock. Its optimizer is wrapped by TFRA if the user
+    left that out, and the table updates go through `tfra_apply_gradients_fn`.
+    tf_psx's own DynamicEmbedding is handled by its compile hook.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or _tfra.wrapped_for_tables(optimizer):
+        return
+    tfra_layers = _tfra.model_has_tfra_layers(model) and not _tfra.model_has_dynamic_embedding(model)
+    bp_v2 = _tfra.bp_v2_of(optimizer)
+    if isinstance(optimizer, _tf_keras.keras().optimizers.legacy.Optimizer):
+        replacement = current_optimizer_for(optimizer)
+        if replacement is None:
+            if tfra_layers:
+                raise TFRAOptimizerError(
+                    f"Model {model.name} has TFRA layers and the legacy optimizer {type(optimizer).__qualname__}, "
+                    "which has no current tf.keras twin with these settings; its table updates cannot be made "
+                    f"exact under several async workers. Received: {optimizer.get_config()}. Fix: compile with a "
+                    "tf.keras.optimizers optimizer (wrapped in de.DynamicEmbeddingOptimizer as before).")
+            return
+        logger.info(
+            "Model %s: the legacy %s was replaced by tf.keras.optimizers.%s with the same settings, so that "
+            "every update is exact under several async workers.",
+            model.name, type(optimizer).__name__, type(replacement).__name__)
+        optimizer = replacement
+    if tfra_layers:
+        optimizer = wrap_tfra_optimizer(optimizer, bp_v2=bp_v2)
+    model.optimizer = optimizer
+
+
+def _after_compile(model) -> None:
+    """Adopts an exact optimizer under a strategy with exact updates, and warns when the result is not exact."""
+    if getattr(model.distribute_strategy, "exact_updates", False):
+        adopt_exact_optimizer(model)
+    reason = inexact_reason(getattr(model, "optimizer", None), model.distribute_strategy)
+    if reason:
+        logger.warning("Model %s: %s", model.name, reason)
+
+
+def install_compile_warning() -> None:
+    """Makes tf-keras `Model.compile` adopt an exact optimizer, and warn when it is not exact under the strategy."""
+    _door.install_compile_hook(_after_compile)
