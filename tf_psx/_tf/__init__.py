@@ -11,10 +11,16 @@ fails loudly when an upgrade moves one of them.
 | `keras` | `tf.keras` routing to tf-keras (TF_USE_LEGACY_KERAS), Keras 3 detection |
 | `runtime` | gRPC fail-fast, the eager context, the coordinator, the ps count, closure retries |
 | `tfra` | importing TFRA quietly, its ops on servers, `Model.compile`/`save` hooks for hash tables |
-| `shadows` | per-worker copies of TFRA's shadow buffers |
+| `shadows` | per-worker copies of TFRA's shadow buffers; direct writes of a shadow and its slots |
 | `fit_hooks` | `train_step` / optimizer-apply wrappers and fit's resume counters, for the callbacks |
-| `exact_updates` | the per-variable lock around tf-keras optimizer updates and TFRA table updates |
-| `weights` | `Layer.set_weights` taking unsharded lists |
+| `fit_inputs` | `fit` / `evaluate` under a coordinator: tf-keras's local DataHandler, resume position |
+| `fed_steps` | `ClusterCoordinator.schedule` given a step's batches, packed |
+| `fit_progress` | the `verbose=1` progress bar under a coordinator |
+| `exact_updates` | tf-keras's optimizer `_update_step` (runs tf_psx.exact_updates' locked update) |
+| `lock_release` | a CriticalSection's release out of TF's program-order chain |
+| `sync_training` | what tf_psx.sync_training patches: `strategy.run`, the apply, fit's tail flush |
+| `weights` | `Layer.set_weights` taking unsharded lists; `.keras` / `.h5` tables saved whole |
+| `distributed_table` | a Keras lookup layer's per-worker table handle |
 | `checkpoint` | which objects a checkpoint restore matched |
 | `data` | a tf.data dataset rebuilt from its serialized graph |
 
