@@ -2,7 +2,10 @@
 
 `except tf_psx.errors.TFPSXError` catches every error tf_psx raises on
 purpose; each class also subclasses the matching built-in (`ValueError`,
-`TypeError`, `RuntimeError`), so code written against those keeps working.
+`TypeError`, `RuntimeError`, `OSError` or one of its subclasses), so code
+written against those keeps working. The general classes (`ArgumentError`,
+`ArgumentTypeError`, `StateError`, `DataError`, `MissingFileError`,
+`PathExistsError`, `NetworkSetupError`) are for errors no specific class names.
 Every message names the field, the value received and the fix. This module
 imports nothing heavy (no TensorFlow).
 
@@ -17,6 +20,13 @@ from __future__ import annotations
 
 __all__ = [
     "TFPSXError",
+    "ArgumentError",
+    "ArgumentTypeError",
+    "StateError",
+    "DataError",
+    "MissingFileError",
+    "PathExistsError",
+    "NetworkSetupError",
     "TFConfigError",
     "ClusterUnreachableError",
     "TaskFailedError",
@@ -35,6 +45,34 @@ __all__ = [
 
 class TFPSXError(Exception):
     """Base class of every error tf_psx raises on purpose."""
+
+
+class ArgumentError(TFPSXError, ValueError):
+    """An argument (or the option or environment variable standing for one) has a value tf_psx cannot use."""
+
+
+class ArgumentTypeError(TFPSXError, TypeError):
+    """An argument is of a type tf_psx does not take."""
+
+
+class StateError(TFPSXError, RuntimeError):
+    """A call was made in a state where it cannot work (e.g. before the cluster starts); names the fix."""
+
+
+class DataError(TFPSXError, ValueError):
+    """Data tf_psx reads (an input file, a snapshot, a delta, a spill store) does not have the form it needs."""
+
+
+class MissingFileError(TFPSXError, FileNotFoundError):
+    """A file or directory tf_psx needs does not exist (or is a file where a directory is needed)."""
+
+
+class PathExistsError(TFPSXError, FileExistsError):
+    """A path tf_psx would write is taken (a file, or a directory that is not empty)."""
+
+
+class NetworkSetupError(TFPSXError, OSError):
+    """An address cannot be listened on, or a network namespace cannot be made; keeps the OS errno."""
 
 
 class TFConfigError(TFPSXError, ValueError):

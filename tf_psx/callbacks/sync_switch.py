@@ -6,6 +6,7 @@ import logging
 
 from tf_psx import _checks
 from tf_psx.callbacks.base import _RunCallback
+from tf_psx.errors import ArgumentError, ArgumentTypeError
 from tf_psx.snapshots.engine import finish_snapshots_of
 
 __all__ = ["SyncSwitch"]
@@ -27,7 +28,9 @@ class SyncSwitch(_RunCallback):
     The switch waits for the steps in flight and for a background
     `PeriodicSync` snapshot being written, applies a partial sync step when
     leaving sync, then changes the mode (`strategy.set_sync`): every batch
-    is applied once. The epoch logs get `sync` (1.0 or 0.0).
+    is applied once. The epoch logs get `sync`: 1.0 when the epoch's last
+    step ran synchronously, else 0.0 (a switch at the end of an epoch shows
+    from the next epoch on).
 
     Example (under the default strategy there is nothing to switch):
 
@@ -47,7 +50,8 @@ class SyncSwitch(_RunCallback):
     Attributes:
       switched_at_step: the training step of this fit after which the mode
         changed, or None.
-      switched_at_epoch: the epoch in which it changed, or None.
+      switched_at_epoch: the epoch in which it changed, counted from 0 as
+        `history.history` indexes epochs, or None.
       snapshots_waited: background `PeriodicSync` snapshots the switch
         waited for.
 
@@ -62,9 +66,9 @@ class SyncSwitch(_RunCallback):
                  patience: int | None = None, min_delta: float = 0.002):
         super().__init__()
         if to not in ("sync", "async"):
-            raise ValueError(f'Argument `to` of SyncSwitch must be "sync" or "async". Received: {to!r}.')
+            raise ArgumentError(f'Argument `to` of SyncSwitch must be "sync" or "async". Received: {to!r}.')
         if at_step is None and patience is None:
-            raise ValueError(
+            raise ArgumentError(
                 "SyncSwitch needs `at_step` or `patience` (or both). Received neither. Fix: e.g. "
                 'SyncSwitch(to="sync", patience=2) to switch when the loss stops improving.'
             )
@@ -73,7 +77,7 @@ class SyncSwitch(_RunCallback):
         if patience is not None:
             patience = _checks.int_at_least(patience, 1, "patience", owner="SyncSwitch", fix="pass e.g. patience=2")
         if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or min_delta < 0:
-            raise ValueError(f"Argument `min_delta` of SyncSwitch must be a number >= 0. Received: {min_delta!r}.")
+            raise ArgumentError(f"Argument `min_delta` of SyncSwitch must be a number >= 0. Received: {min_delta!r}.")
         self.to, self.at_step, self.monitor = to, at_step, monitor
         self.patience, self.min_delta = patience, float(min_delta)
         self.switched_at_step: int | None = None
@@ -88,7 +92,7 @@ class SyncSwitch(_RunCallback):
         super().on_train_begin(logs)
         strategy = self.model.distribute_strategy
         if getattr(strategy, "sync_controller", None) is None:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"SyncSwitch needs a tf_psx.ParameterServerStrategy made with sync=True or sync=\"switchable\"; "
                 f"the model's strategy is {type(strategy).__name__}"
                 + (" with sync=False" if hasattr(strategy, "sync_controller") else "")
@@ -106,6 +110,8 @@ class SyncSwitch(_RunCallback):
             self._switch()
 
     def on_epoch_end(self, epoch, logs=None):
+        # The mode this epoch's last step ran in: a switch at its end changes the next epoch.
+        ran_sync = self.model.distribute_strategy.sync_stats()["enabled"]
         value = None if logs is None else logs.get(self.monitor)
         if self.patience is not None and value is not None and self.switched_at_step is None:
             value = float(value)
@@ -114,15 +120,21 @@ class SyncSwitch(_RunCallback):
             else:
                 self._flat_epochs += 1
                 if self._flat_epochs >= self.patience:
-                    self._switch()
+                    self._switch(at_epoch_end=True)
         if logs is not None:
-            logs["sync"] = 1.0 if self.model.distribute_strategy.sync_stats()["enabled"] else 0.0
+            logs["sync"] = 1.0 if ran_sync else 0.0
 
-    def _switch(self) -> None:
+    def _switch(self, at_epoch_end: bool = False) -> None:
         if self.switched_at_step is not None:
             return
         strategy = self.model.distribute_strategy
         self.snapshots_waited += finish_snapshots_of(strategy)
         strategy.set_sync(self.to == "sync")
         self.switched_at_step, self.switched_at_epoch = self._steps, self._epoch
-        logger.info("SyncSwitch: %s from step %d (epoch %d)", self.to, self._steps, self._epoch)
+        # Epochs as Keras's progress bar counts them (from 1); history["sync"] is indexed from 0.
+        if at_epoch_end:
+            logger.info("SyncSwitch: %s from step %d, from epoch %d on (history['sync'][%d] is its first)",
+                        self.to, self._steps, self._epoch + 2, self._epoch + 1)
+        else:
+            logger.info("SyncSwitch: %s from step %d, during epoch %d (history['sync'][%d] is its first)",
+                        self.to, self._steps, self._epoch + 1, self._epoch)

@@ -29,7 +29,7 @@ def _add_shard_report(subparsers: Any) -> None:
         help="measure how evenly a stream of ids loads the shards of a table",
         description=(
             "Run tf_psx.partitioners.shard_load on the ids of SOURCE for the contiguous placement "
-            "of TF's partitioners (div), id %% shards (mod) and tf_psx.layers.ShardedEmbedding "
+            "of TF's partitioners (div), id % shards (mod) and tf_psx.layers.ShardedEmbedding "
             "(balanced), print a table per placement and recommend one. SOURCE is a .npy file of "
             "ints, a text file with one id a line, or with --column a Criteo file (TSV or CSV "
             "with header) whose categorical column is hashed as tf_psx.data.criteo_keys does. "
@@ -171,7 +171,14 @@ def _shard_advice(loads: dict, rows: int, shards: int) -> str:
         f"imbalance {balanced:.3f} against {div:.3f} for the default contiguous placement"
     )
     if balanced <= BALANCED_IMBALANCE:
-        return advice + "."
+        if mod <= BALANCED_IMBALANCE:
+            return advice + (
+                f". id % {shards} is as even here ({mod:.3f}): mod is enough while the ids have no stride "
+                f"sharing a factor with {shards} (ids such as value * num_fields + field); ShardedEmbedding "
+                "stays even when they do.")
+        return advice + (
+            f". id % {shards} is not ({mod:.3f}): the ids have a structure that mod follows (a stride "
+            f"sharing a factor with {shards}, e.g. value * num_fields + field).")
     # Even a bijection cannot split one row: a few ids are each hotter than a
     # shard's fair share of the distinct rows (id % shards gives `mod`).
     return (
