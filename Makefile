@@ -28,7 +28,7 @@ PYTEST_PARALLEL := -n 2 --dist loadfile --durations=15
 test: install
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
-# The unit tier: no session cluster, no task processes (conftest.py marks it).
+# The unit tier: no session cluster, no process of its own (each test file's pytestmark; STYLE.md).
 test-fast: install
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m unit
 

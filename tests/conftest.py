@@ -1,13 +1,15 @@
-"""Shared fixtures: one in-process cluster for the whole test session.
+"""Shared fixtures and the test tiers: one in-process cluster for the whole session.
 
-Test tiers (STYLE.md): unit tests need no fixture; tests that take
-`ps_strategy` share one in-process cluster; tests marked `processes` start
-real task processes.
+Test tiers (STYLE.md, "A test"): each test file declares one with
+`pytestmark`. `unit` tests take no cluster fixture and start no process;
+`cluster` tests take `ps_strategy` (or `local_cluster`) and share one
+in-process cluster; `processes` tests start processes of their own (task
+processes, a script, a fresh Python). tests/README.md says which folder
+holds what.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import subprocess
 import sys
@@ -22,7 +24,9 @@ import tf_psx  # noqa: E402  (sets TF_USE_LEGACY_KERAS before tf.keras loads)
 # compared with a single process; 2 ps so that tables really are split.
 SESSION_WORKERS = 1
 SESSION_PS = 2
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# tests/ (this folder: its helpers import as `from conftest import ...`) and the repository.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
 # A chief subprocess imports TF, starts tasks and traces fit: minutes on 2 cores.
 SCRIPT_TIMEOUT_S = 600
 
@@ -47,7 +51,7 @@ def run_script(name: str, *args: str, env: dict | None = None, timeout: float = 
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, os.path.join(REPO, "tests", "scripts", name), *args],
+        [sys.executable, os.path.join(TESTS, "scripts", name), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -57,8 +61,20 @@ def run_script(name: str, *args: str, env: dict | None = None, timeout: float = 
     )
 
 
+# The tiers (STYLE.md, "A test"). Each test file declares the tier of most of
+# its tests with `pytestmark = pytest.mark.<tier>`; a test of another tier
+# says so with its own `@pytest.mark.<tier>`.
+TIERS = ("unit", "cluster", "processes")
 # Fixtures that put a test in the cluster tier.
 CLUSTER_FIXTURES = ("ps_strategy", "local_cluster")
+# Files that do not declare their tier yet (their owners add the pytestmark):
+# the names of their unit tests; their other tests are `cluster` if they take
+# a cluster fixture, else `processes`. An entry goes with the file's pytestmark.
+UNDECLARED_UNIT_TESTS = {
+    "test_exact_epochs.py": {"test_closed_form_reads_back_the_applications"},
+    "test_exact_updates.py": {"test_private_hooks_are_where_they_were_read", "test_iterations_swap_restores_the_counter"},
+    "test_sync.py": {"test_sync_with_no_worker_is_refused", "test_sync_switch_needs_a_condition"},
+}
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -90,31 +106,79 @@ def _needs_cluster(item) -> bool:
     return any(name in seen for name in CLUSTER_FIXTURES)
 
 
-# A test whose body contains one of these starts a cluster or a TF process of
-# its own (a script, an example, a LocalCluster): not the unit tier.
-OWN_CLUSTER_TOKENS = ("run_script(", "LocalCluster(", "_run_example(", "sys.executable")
+def _declared_tier(item) -> str | None:
+    """The closest tier mark: a pytest.param's, the test's, its class's, its file's."""
+    for node in item.iter_parents():
+        marks = node.own_markers
+        if node is item and getattr(item, "callspec", None) is not None:
+            marks = [m for m in item.callspec.marks if m.name in TIERS] or marks
+        tiers = sorted({m.name for m in marks if m.name in TIERS})
+        if len(tiers) > 1:
+            raise ValueError(f"marked with two tiers at one level: {', '.join(tiers)}")
+        if tiers:
+            return tiers[0]
+    unit_tests = UNDECLARED_UNIT_TESTS.get(os.path.basename(str(item.path)))
+    if unit_tests is None:
+        return None
+    if item.originalname in unit_tests:
+        return "unit"
+    return "cluster" if _needs_cluster(item) else "processes"
 
 
-def _starts_its_own_cluster(item) -> bool:
-    function = getattr(item, "function", None)
+def _tier_problem(item) -> str | None:
+    """What is wrong with the tier of a test, or None."""
     try:
-        source = inspect.getsource(function) if function is not None else ""
-    except (OSError, TypeError):
-        return True
-    return any(token in source for token in OWN_CLUSTER_TOKENS)
+        tier = _declared_tier(item)
+    except ValueError as error:
+        return f"{item.name}: {error}"
+    if tier is None:
+        return f"{item.name}: no tier; give the file `pytestmark = pytest.mark.unit` (or cluster, or processes)"
+    if tier == "unit" and _needs_cluster(item):
+        return f"{item.name}: marked unit but takes a cluster fixture ({' or '.join(CLUSTER_FIXTURES)}); mark it cluster"
+    if tier == "cluster" and not _needs_cluster(item):
+        return f"{item.name}: marked cluster but takes no cluster fixture; mark it unit or processes"
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """Fails the collection of a test file whose tests do not declare a tier that can be right.
+
+    A test has no tier, or is `unit` but takes a cluster fixture, or is
+    `cluster` but takes none: the file is a collection error (also under
+    xdist), so a wrong or missing mark cannot slip in.
+    """
+    report = yield
+    if report.passed and isinstance(collector, (pytest.Module, pytest.Class)):
+        items = [item for item in report.result if isinstance(item, pytest.Function)]
+        problems = [problem for problem in map(_tier_problem, items) if problem]
+        if problems:
+            report.outcome = "failed"
+            report.longrepr = 'test tiers (STYLE.md, "A test"):\n  ' + "\n  ".join(problems)
+    return report
 
 
 def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
-    """Marks the unit tier: no session cluster, no cluster or TF process of its own.
+    """Gives each test exactly the one tier it declares.
 
-    Doctests stay out of it: some build TFRA tables, which must come after
-    the cluster connection in a process that also runs cluster tests.
+    A test's tier is its closest tier mark; the farther ones (its file's) are
+    dropped, so that `-m unit` sees only the test's own. Doctests have no
+    tier and stay out of the unit tier: some build TFRA tables, which must
+    come after the cluster connection in a process that also runs cluster
+    tests.
     """
+    tiers = {}
     for item in items:
-        if (isinstance(item, pytest.DoctestItem) or item.get_closest_marker("processes")
-                or _needs_cluster(item) or _starts_its_own_cluster(item)):
-            continue
-        item.add_marker(pytest.mark.unit)
+        if not isinstance(item, pytest.DoctestItem):
+            try:
+                tiers[item] = _declared_tier(item)
+            except ValueError:  # reported by pytest_make_collect_report
+                tiers[item] = None
+    for item, tier in tiers.items():
+        for node in item.iter_parents():
+            node.own_markers[:] = [m for m in node.own_markers if m.name not in TIERS]
+        if tier is not None:
+            item.add_marker(tier)
 
 
 # The Criteo files of the tests are generated (tf_psx.data.write_criteo_sample),

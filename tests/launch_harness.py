@@ -1,7 +1,7 @@
 """Runs `tf-psx launch` in a subprocess and follows its output (for the process-tier tests).
 
-Not a test module: tests/test_launch.py, test_chaos.py and test_multihost.py
-import it.
+Not a test module: tests/launch/test_launch.py, tests/test_chaos.py and
+tests/cluster/test_multihost.py import it.
 """
 
 from __future__ import annotations

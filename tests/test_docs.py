@@ -40,6 +40,8 @@ import yaml
 
 from conftest import REPO, SCRIPT_TIMEOUT_S
 
+pytestmark = pytest.mark.unit
+
 DOCS = os.path.join(REPO, "docs")
 PAGES = sorted(glob.glob(os.path.join(DOCS, "*.md")) + glob.glob(os.path.join(DOCS, "guides", "*.md")))
 _PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
@@ -91,6 +93,7 @@ def test_nav_lists_every_required_page_and_every_page_exists():
     assert sorted(set(on_disk) - set(nav)) == []  # no page the reader cannot reach
 
 
+@pytest.mark.processes
 def test_docs_build_in_strict_mode(tmp_path):
     site = tmp_path / "site"
     result = subprocess.run(
@@ -126,6 +129,7 @@ def test_every_page_with_code_has_its_code_tested():
     assert {"index.md", "concepts.md", "guides/partitioning.md"} <= with_code
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("page,index", _block_params())
 def test_each_python_block_runs_alone(page, index, tmp_path):
     code = _blocks(page)[index]
@@ -226,7 +230,7 @@ SHELL_EXCEPTIONS = {
         "checks that the script trained on the launched cluster",
     "make install": "pip-installs the pinned stack into .venv from the package index (network)",
     "kubectl apply -f ctr.yaml": "needs a Kubernetes cluster with the Kubeflow training operator; "
-                                 "tests/test_k8s.py validates the manifest against the TFJob v1 schema",
+                                 "tests/cluster/test_k8s.py validates the manifest against the TFJob v1 schema",
     "tensorboard --logdir /path/to/log_dir": "a server that runs until stopped, on a placeholder path; "
                                              "the page's python block checks what ClusterMonitor writes",
 }
@@ -423,6 +427,7 @@ def _shell_params():
     return params
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("command, check", _shell_params())
 def test_shell_command_runs_and_prints_what_the_docs_show(command, check, tmp_path):
     if "--isolate" in command.command and not sys.platform.startswith("linux"):

@@ -25,6 +25,8 @@ import pytest
 
 from conftest import REPO, SCRIPT_TIMEOUT_S
 
+pytestmark = pytest.mark.processes
+
 # Holdout AUC at most this far below the Bayes AUC. Measured on 2 cores (TF
 # 2.16.2): quickstart (2400 steps) 0.045, central_storage and custom_loop
 # (1200 steps) 0.058 and 0.056. A bias-only model is 0.27 below, and these
@@ -58,6 +60,7 @@ def _assert_learned_the_planted_model(result: dict) -> None:
     assert result["bayes_log_loss"] - NOISE <= result["log_loss"] <= result["base_rate_log_loss"] - MIN_LOG_LOSS_GAIN, result
 
 
+@pytest.mark.unit
 def test_bounds_fail_a_model_that_learned_only_the_click_rate():
     # The bounds above, applied to the best constant prediction on synthetic data.
     from tf_psx.data import roc_auc, synthetic_ctr  # pylint: disable=import-outside-toplevel
@@ -80,14 +83,12 @@ def test_bounds_fail_a_model_that_learned_only_the_click_rate():
     _assert_learned_the_planted_model(dict(bias_only, auc=holdout.bayes_auc, log_loss=bias_only["bayes_log_loss"]))
 
 
-@pytest.mark.processes
 def test_quickstart_gets_close_to_the_bayes_auc():
     result = _run_example("quickstart.py")  # its default 8 epochs of 313 steps: ~30 s here
     _assert_learned_the_planted_model(result)
     assert result["train_loss"] < result["base_rate_log_loss"] - MIN_LOG_LOSS_GAIN
 
 
-@pytest.mark.processes
 def test_readme_quickstart_learns_more_than_the_click_rate(tmp_path):
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as handle:
         code = handle.read().split("```python\n", 1)[1].split("```", 1)[0]
@@ -120,7 +121,6 @@ def test_central_storage_trains_two_replicas_to_near_the_bayes_auc():
     _assert_learned_the_planted_model(result)
 
 
-@pytest.mark.processes
 def test_custom_loop_runs_every_scheduled_step_and_learns():
     result = _run_example("custom_loop.py", "--steps", "1200")
     # One report per join: STEPS_PER_REPORT (100) steps each, each step applied once.
@@ -137,7 +137,6 @@ NOTEBOOK = os.path.join(REPO, "examples", "notebooks", "quickstart.ipynb")
 NOTEBOOK_CELL_TIMEOUT_S = 600
 
 
-@pytest.mark.processes
 def test_quickstart_notebook_runs_headless_and_learns(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
@@ -187,7 +186,6 @@ def test_quickstart_notebook_runs_headless_and_learns(tmp_path, monkeypatch):
 CRITEO_TIMEOUT_S = 300
 
 
-@pytest.mark.processes
 def test_criteo_ps_two_workers_train_snapshot_monitor_and_serve_exactly(tmp_path):
     from tf_psx.data import CriteoStats, criteo  # pylint: disable=import-outside-toplevel
 

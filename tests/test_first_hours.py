@@ -19,6 +19,8 @@ from tf_psx import _quiet, cluster as _cluster, strategies as _strategies
 from conftest import REPO, SCRIPT_TIMEOUT_S
 from launch_harness import LaunchRun
 
+pytestmark = pytest.mark.unit
+
 # Lines the quickstart may print with the default settings (measured after the noise filter: 14, of them
 # Keras's epoch lines and bars, tf_psx's notices and the result; 98 before).
 QUICKSTART_LINE_BUDGET = 30
@@ -43,6 +45,7 @@ def test_the_tensorflow_logger_filter_keeps_errors():
     assert _quiet._FILTER.filter(record)  # pylint: disable=protected-access
 
 
+@pytest.mark.processes
 def test_launched_or_uses_tf_config_when_it_is_set(monkeypatch, caplog):
     local = tf_psx.LocalCluster(num_workers=2, num_ps=1)
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["w:1"], "ps": ["p:1"]},
@@ -81,6 +84,7 @@ def test_a_cluster_that_is_not_up_is_named_while_the_strategy_waits(monkeypatch,
     assert re.search(rf"waiting for ps:0 at 127\.0\.0\.1:{port} \(\d s of 1\)", caplog.text), caplog.text
 
 
+@pytest.mark.processes
 def test_launch_refuses_a_script_that_does_not_exist_before_starting_tasks(run, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     status, _, err = run("launch", "--workers", "1", "--ps", "1", "--", sys.executable, "nonexistent.py")
@@ -107,6 +111,7 @@ def test_periodic_sync_names_itself_when_its_directory_cannot_be_written(tmp_pat
     assert [s.step for s in tf_psx.callbacks.PeriodicSync.snapshots(str(tmp_path / "ok"))] == [2]
 
 
+@pytest.mark.processes
 def test_keras3_chosen_before_import_tf_psx_is_said_at_import():
     code = "import tensorflow as tf; tf.keras.layers.Dense; import tf_psx"
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}

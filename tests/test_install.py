@@ -16,6 +16,8 @@ import sysconfig
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Building the wheel and a venv: seconds; importing TF in it: ~10 s.
 INSTALL_TIMEOUT_S = 300
@@ -28,7 +30,6 @@ def _run(args, cwd, env=None):
     return result.stdout
 
 
-@pytest.mark.processes
 def test_wheel_in_a_fresh_venv_from_another_directory(tmp_path):
     wheels = tmp_path / "wheels"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), REPO],

@@ -18,6 +18,8 @@ import pytest
 
 from conftest import REPO
 
+pytestmark = pytest.mark.unit
+
 # What reading the folder beside the checkout looks like, in any language the
 # repository holds: a relative path ("..", then the folder, with either
 # separator), a quoted path join of the folder and its data directory

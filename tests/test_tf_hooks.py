@@ -9,9 +9,12 @@ from __future__ import annotations
 import os
 import tempfile
 
+import pytest
 import tensorflow as tf
 
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime, tfra as _tfra
+
+pytestmark = pytest.mark.unit
 
 
 def test_keras_routing():
@@ -19,6 +22,7 @@ def test_keras_routing():
     assert tf.keras.Model is _tf_keras.keras().Model  # tf.keras is tf-keras
 
 
+@pytest.mark.cluster
 def test_runtime_hooks(ps_strategy):
     from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
 

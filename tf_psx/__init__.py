@@ -30,6 +30,7 @@ _EXPORTS = {
     "Keras3Error": "tf_psx.errors",
     "DynamicEmbeddingSaveError": "tf_psx.errors",
     "TFPSXError": "tf_psx.errors",
+    "ArgumentError": "tf_psx.errors",
     "export_serving": "tf_psx.export",
     "launched_or": "tf_psx.cluster.local",
     "unsharded_weights": "tf_psx.weights",

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from tf_psx.errors import ArgumentError
+
 
 def is_int_at_least(value: Any, minimum: int) -> bool:
     """True for an int (not a bool; numpy ints count) that is >= `minimum`."""
@@ -28,15 +30,15 @@ def is_int_at_least(value: Any, minimum: int) -> bool:
 
 
 def int_from_env(name: str, minimum: int, example: int) -> int | None:
-    """The int in environment variable `name` (None when unset or empty); ValueError naming it if malformed."""
+    """The int in environment variable `name` (None when unset or empty); ArgumentError (a ValueError) naming it if malformed."""
     import os  # pylint: disable=import-outside-toplevel
 
     text = os.environ.get(name, "")
     if text == "":
         return None
     if not text.isdigit() or int(text) < minimum:
-        raise ValueError(f"The environment variable {name} must be an int >= {minimum}. Received: {text!r}. "
-                         f"Fix: unset it or set e.g. {name}={example}.")
+        raise ArgumentError(f"The environment variable {name} must be an int >= {minimum}. Received: {text!r}. "
+                            f"Fix: unset it or set e.g. {name}={example}.")
     return int(text)
 
 
@@ -48,7 +50,7 @@ def subject(name: str, owner: str | None = None) -> str:
 
 
 def int_at_least(value: Any, minimum: int, name: str, *, owner: str | None = None, fix: str = "",
-                 error: type[Exception] = ValueError, or_none: bool = False) -> int | None:
+                 error: type[Exception] = ArgumentError, or_none: bool = False) -> int | None:
     """Returns `value` as an int when it is an int >= `minimum`; else raises `error`.
 
     Args:
@@ -57,7 +59,7 @@ def int_at_least(value: Any, minimum: int, name: str, *, owner: str | None = Non
       name: the argument's name, or an option label ("Option `--ps`").
       owner: the class or function the argument belongs to.
       fix: what to do instead (a sentence without its final period).
-      error: the exception class (a tf_psx.errors class for the CLI and the launcher).
+      error: the exception class, a tf_psx.errors class (e.g. CommandError for the CLI, LaunchError for the launcher).
       or_none: None is allowed too (and returned).
 
     Raises:

@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from tf_psx import layers as _layers, trail as _trail
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime
+from tf_psx.errors import ArgumentError, ArgumentTypeError, PathExistsError, StateError
 
 __all__ = ["export_serving", "UNSEEN_KEY_DEFAULT", "SERVING_SIGNATURE"]
 
@@ -119,12 +120,12 @@ class _ServingModule(tf.Module):
 def _check_model(model) -> None:
     _tf_keras.check_not_keras3(model, "model passed to export_serving")
     if not isinstance(model, _keras.Model):
-        raise TypeError(
+        raise ArgumentTypeError(
             "Argument `model` of export_serving must be a tf-keras Model (tf.keras.Model after "
             f"`import tf_psx`). Received: {model!r} of type {type(model).__name__}."
         )
     if not getattr(model, "_is_graph_network", False):
-        raise ValueError(
+        raise ArgumentError(
             "Argument `model` of export_serving must be a Functional or Sequential tf-keras model "
             f"with known inputs; received {type(model).__name__} `{model.name}`, a subclassed or "
             "unbuilt model. Fix: build it with the Functional API (tf.keras.Model(inputs, outputs)) "
@@ -135,14 +136,14 @@ def _check_model(model) -> None:
 def _check_path(path: str, overwrite: bool) -> tuple[str, bool]:
     """Returns (`path` as a str, whether it holds a SavedModel to replace); deletes nothing."""
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"Argument `path` of export_serving must be a str or os.PathLike directory path. Received: {path!r}.")
+        raise ArgumentTypeError(f"Argument `path` of export_serving must be a str or os.PathLike directory path. Received: {path!r}.")
     path = os.fspath(path)
     if not isinstance(path, str) or not path:
-        raise ValueError(f"Argument `path` of export_serving must be a non-empty directory path. Received: {path!r}.")
+        raise ArgumentError(f"Argument `path` of export_serving must be a non-empty directory path. Received: {path!r}.")
     if not tf.io.gfile.exists(path):
         return path, False
     if not tf.io.gfile.isdir(path):
-        raise FileExistsError(
+        raise PathExistsError(
             f"Argument `path` of export_serving must be a directory that does not exist yet or is empty; "
             f"received {path!r}, which is a file. Fix: choose another path."
         )
@@ -155,7 +156,7 @@ def _check_path(path: str, overwrite: bool) -> tuple[str, bool]:
         "pass overwrite=True to replace it" if _SAVED_MODEL_FILE in contents
         else "it is not a SavedModel, so overwrite=True will not delete it; choose another path"
     )
-    raise FileExistsError(
+    raise PathExistsError(
         f"Argument `path` of export_serving must be a directory that does not exist yet or is empty; "
         f"received {path!r}, which holds {len(contents)} entries (e.g. {sorted(contents)[0]!r}). "
         f"Fix: {hint}."
@@ -258,7 +259,7 @@ def _copy_weights(source, target, owners: dict[int, Any]) -> int:
             continue
         src_weights, dst_weights = _logical_weights(src, owners), dst.weights
         if len(src_weights) != len(dst_weights):
-            raise ValueError(
+            raise ArgumentError(
                 f"export_serving: layer `{src.name}` has {len(src_weights)} weights but its serving copy "
                 f"has {len(dst_weights)}. Its get_config() does not rebuild the same layer. Fix: make "
                 "get_config()/from_config() round-trip the layer's constructor arguments."
@@ -266,7 +267,7 @@ def _copy_weights(source, target, owners: dict[int, Any]) -> int:
         for src_w, dst_w in zip(src_weights, dst_weights):
             value = _value(src_w)
             if tuple(value.shape) != tuple(dst_w.shape):
-                raise ValueError(
+                raise ArgumentError(
                     f"export_serving: weight `{src_w.name}` of layer `{src.name}` has shape {value.shape} "
                     f"but its serving copy has {tuple(dst_w.shape)}. Fix: make get_config()/from_config() "
                     "round-trip the layer's constructor arguments."
@@ -358,7 +359,7 @@ def export_serving(model, path: str, *, overwrite: bool = False, metadata: dict 
     """
     _check_model(model)
     if tf.distribute.has_strategy():
-        raise RuntimeError(
+        raise StateError(
             "export_serving must be called outside `strategy.scope()`: the serving copy must be built "
             "with plain local variables, not the strategy's. Fix: call it after the `with "
             "strategy.scope():` block (after model.fit)."
@@ -374,7 +375,7 @@ def export_serving(model, path: str, *, overwrite: bool = False, metadata: dict 
 
     nested = [layer.name for layer in _runtime.flatten_layers(serving) if isinstance(layer, DynamicEmbedding)]
     if nested:
-        raise ValueError(
+        raise ArgumentError(
             f"export_serving: DynamicEmbedding layer(s) {nested} sit inside a custom layer, where they "
             "cannot be replaced by a serving table. Fix: use the DynamicEmbedding as a layer of the "
             "Functional model itself."

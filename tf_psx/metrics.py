@@ -42,7 +42,7 @@ import threading
 from typing import Callable, Iterable
 
 from tf_psx import _checks
-from tf_psx.errors import MetricsPortError
+from tf_psx.errors import ArgumentError, MetricsPortError
 
 logger = logging.getLogger("tf_psx")
 
@@ -191,8 +191,8 @@ def serve(port: int, host: str = DEFAULT_HOST) -> MetricsServer:
       MetricsPortError: the port is taken by something else.
     """
     if not (_checks.is_int_at_least(port, 0) and port <= 65535):
-        raise ValueError(f"Argument `metrics_port` must be an int in 0..65535. Received: {port!r}. "
-                         "Fix: pass e.g. metrics_port=9400, or 0 for a free port.")
+        raise ArgumentError(f"Argument `metrics_port` must be an int in 0..65535. Received: {port!r}. "
+                            "Fix: pass e.g. metrics_port=9400, or 0 for a free port.")
     with _SERVERS_LOCK:
         server = _SERVERS.get((host, int(port))) if port else None
         if server is None:
@@ -207,8 +207,8 @@ def port_from_env() -> int | None:
     if text is None or text == "":
         return None
     if not text.isdigit() or not 0 <= int(text) <= 65535:
-        raise ValueError(f"The environment variable {ENV_PORT} must be a port in 0..65535. Received: {text!r}. "
-                         f"Fix: unset it or set e.g. {ENV_PORT}=9401.")
+        raise ArgumentError(f"The environment variable {ENV_PORT} must be a port in 0..65535. Received: {text!r}. "
+                            f"Fix: unset it or set e.g. {ENV_PORT}=9401.")
     return int(text)
 
 

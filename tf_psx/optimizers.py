@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional, Union
 import tensorflow as tf
 
 from tf_psx._tf import keras as _tf_keras
+from tf_psx.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["LazyAdam", "SGD", "updates_touched_rows_only"]
 
@@ -81,7 +82,7 @@ def _check_kwargs(optimizer: Any, stock: str, kwargs: dict) -> None:
         if key in _PASS_THROUGH_KWARGS:
             continue
         if key in _LEGACY_KWARGS:
-            raise ValueError(
+            raise ArgumentError(
                 f"Argument `{key}` of {ours} is a legacy Keras optimizer argument that "
                 f"tf.keras.optimizers.{stock} no longer takes. Received: {key}={value!r}. "
                 f"Fix: {_LEGACY_KWARGS[key]}."
@@ -92,7 +93,7 @@ def _check_kwargs(optimizer: Any, stock: str, kwargs: dict) -> None:
             if name != "self" and parameter.kind is not inspect.Parameter.VAR_KEYWORD
         ]
         # TypeError, as Python and tf-keras raise for an unexpected keyword.
-        raise TypeError(
+        raise ArgumentTypeError(
             f"Argument `{key}` is not an argument of {ours} (nor of tf.keras.optimizers.{stock}). "
             f"Received: {key}={value!r}. Fix: remove it, or use one of: {', '.join(named)}."
         )

@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from tf_psx.errors import ArgumentError
+
 __all__ = [
     "FixedShardsPartitioner",
     "MaxIDPartitioner",
@@ -61,7 +63,7 @@ _SIZE_RE = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
 
 def _positive_int(name: str, value: Any, owner: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
+        raise ArgumentError(
             f"Argument `{name}` of {owner} must be an int >= 1. Received: {value!r}. "
             f"Fix: pass {owner}({name}=2), for example."
         )
@@ -139,7 +141,7 @@ class MaxIDPartitioner(_Partitioner):
         rows = _rows(shape)
         shards = -(-rows // self.max_ids_per_shard)
         if self.max_shards is not None and shards > self.max_shards:
-            raise ValueError(
+            raise ArgumentError(
                 f"MaxIDPartitioner(max_ids_per_shard={self.max_ids_per_shard}, max_shards={self.max_shards}) "
                 f"cannot place a variable of {rows} rows: it needs {shards} shards. "
                 f"Fix: raise max_shards to {shards} or max_ids_per_shard to {-(-rows // self.max_shards)}."
@@ -177,7 +179,7 @@ class PerPSPartitioner(_Partitioner):
 
     def _num_shards(self, shape, dtype) -> int:
         if self.num_ps is None:
-            raise ValueError(
+            raise ArgumentError(
                 "PerPSPartitioner does not know the ps count. Fix: pass it to "
                 "tf_psx.ParameterServerStrategy(partitioner=...), or call .bind(num_ps) first."
             )
@@ -203,8 +205,8 @@ def MaxSizePartitioner(*args, **kwargs):  # pylint: disable=invalid-name
     return _tf_partitioners().MaxSizePartitioner(*args, **kwargs)
 
 
-def _spec_error(spec: Any, why: str) -> ValueError:
-    return ValueError(
+def _spec_error(spec: Any, why: str) -> ArgumentError:
+    return ArgumentError(
         f"Partitioner spec must be one of {', '.join(SPEC_FORMS)} (SIZE like 256k or 64m); "
         f"received {spec!r}: {why}."
     )
@@ -368,13 +370,13 @@ def shard_load(ids, num_rows: int, num_shards: int, placement: Any = "div", batc
     flat = np.asarray(ids).reshape(-1).astype(np.int64)
     if flat.size and (flat.min() < 0 or flat.max() >= num_rows):
         bad = flat[(flat < 0) | (flat >= num_rows)][0]
-        raise ValueError(
+        raise ArgumentError(
             f"Argument `ids` of shard_load must lie in [0, num_rows={num_rows}); received id {int(bad)}. "
             "Fix: pass the table size as num_rows, or hash the ids into range first."
         )
     if isinstance(placement, str):
         if placement not in PLACEMENTS:
-            raise ValueError(
+            raise ArgumentError(
                 f"Argument `placement` of shard_load must be one of {list(PLACEMENTS)} or a ShardedEmbedding. "
                 f"Received: {placement!r}."
             )
@@ -387,7 +389,7 @@ def shard_load(ids, num_rows: int, num_shards: int, placement: Any = "div", batc
         shard = div_shard_of(rows, num_rows, num_shards)
         name = f"ShardedEmbedding(balance={placement.balance}, dedup={placement.dedup})"
     else:
-        raise ValueError(
+        raise ArgumentError(
             f"Argument `placement` of shard_load must be one of {list(PLACEMENTS)} or a ShardedEmbedding. "
             f"Received: {placement!r}."
         )

@@ -48,6 +48,8 @@ import threading
 import time
 from typing import Callable
 
+from tf_psx.errors import ArgumentError
+
 logger = logging.getLogger("tf_psx")
 
 # The launcher writes {task: pid} of its tasks here (and rewrites it on each
@@ -232,6 +234,6 @@ class StallWatch:
 def check_timeout(timeout_s, owner: str) -> float:
     """`timeout_s` as a float when it is a number > 0; ValueError naming `owner` otherwise."""
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ValueError(f"Argument `timeout_s` of {owner} must be a number > 0. Received: {timeout_s!r}. "
-                         "Fix: pass e.g. timeout_s=300 (longer than your slowest step, first trace included).")
+        raise ArgumentError(f"Argument `timeout_s` of {owner} must be a number > 0. Received: {timeout_s!r}. "
+                            "Fix: pass e.g. timeout_s=300 (longer than your slowest step, first trace included).")
     return float(timeout_s)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import time
 from typing import Any
 
@@ -23,7 +24,7 @@ from tf_psx._tf import fit_inputs as _fit_inputs, keras as _tf_keras, runtime as
 from tf_psx._tf import distributed_table as _distributed_table, tfra as _tfra
 from tf_psx._tf import weights as _weights_hook
 from tf_psx.cluster import ClusterConfig
-from tf_psx.errors import ClusterUnreachableError, Keras3Error, LocalResourcesError, TFConfigError
+from tf_psx.errors import ArgumentError, ArgumentTypeError, ClusterUnreachableError, Keras3Error, LocalResourcesError, TFConfigError
 from tf_psx.cluster.config import ClusterSource
 from tf_psx.cluster.ports import address_listens
 
@@ -136,7 +137,7 @@ def _resolver_from(cluster: Any):
         return resolver, cluster
     if isinstance(cluster, resolvers.ClusterResolver):
         return cluster, None
-    raise TypeError(
+    raise ArgumentTypeError(
         "Argument `cluster_resolver` must be None (read TF_CONFIG), a tf_psx.ClusterConfig, a "
         f"tf_psx.LocalCluster or a tf.distribute.cluster_resolver.ClusterResolver. Received: {cluster!r}."
     )
@@ -166,7 +167,7 @@ def _one_of(name: str, value: Any, alias: str, alias_value: Any) -> Any:
     if alias_value is _UNSET:
         return value
     if value is not None:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"Arguments `{name}` and `{alias}` name the same thing; pass one of them. "
             f"Received: {name}={value!r}, {alias}={alias_value!r}."
         )
@@ -182,7 +183,7 @@ def _partitioner_from(partitioner: Any, num_ps: int):
         return partitioner
     if isinstance(partitioner, str):
         return _partitioners.from_spec(partitioner, num_ps=num_ps)
-    raise TypeError(
+    raise ArgumentTypeError(
         "Argument `variable_partitioner` must be None, a partitioner object or a spec string such as "
         f"{', '.join(_partitioners.SPEC_FORMS)}. Received: {partitioner!r}."
     )
@@ -284,7 +285,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         cluster_resolver = _one_of("cluster_resolver", cluster_resolver, "cluster", cluster)
         variable_partitioner = _one_of("variable_partitioner", variable_partitioner, "partitioner", partitioner)
         if not isinstance(exact_updates, bool):
-            raise TypeError(f"Argument `exact_updates` must be True or False. Received: {exact_updates!r}.")
+            raise ArgumentTypeError(f"Argument `exact_updates` must be True or False. Received: {exact_updates!r}.")
         _check_sync_arguments(sync, replicas_to_aggregate, sync_timeout_s)
         resolver, config = _resolver_from(cluster_resolver)
         _check_resolver(resolver)
@@ -293,11 +294,12 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         self.cluster_config = config
         num_ps = len(resolver.cluster_spec().as_dict()["ps"])
         variable_partitioner = _partitioner_from(variable_partitioner, num_ps)
-        _check_no_local_tables()
         _runtime.set_grpc_fail_fast()
         _runtime.shorten_keep_alive(keep_alive_seconds())
+        # A cluster that is not up is the first thing to fix: said before any check of this process.
         if connect_timeout_s is not None:
             wait_until_reachable(resolver.cluster_spec().as_dict(), connect_timeout_s)
+        _check_no_local_tables()
         super().__init__(resolver, variable_partitioner=variable_partitioner)
         self.exact_updates = exact_updates
         self.num_workers = len(resolver.cluster_spec().as_dict()["worker"])
@@ -334,7 +336,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
 
     def _sync_or_raise(self, what: str) -> "_sync_training.SyncController":
         if self.sync_controller is None:
-            raise ValueError(
+            raise ArgumentError(
                 f"{what} needs a strategy made with sync=True or sync=\"switchable\"; this one has sync=False. "
                 "Fix: tf_psx.ParameterServerStrategy(cluster, sync=\"switchable\")."
             )
@@ -349,7 +351,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         callback's batch hook is such a place).
         """
         if not isinstance(enabled, bool):
-            raise TypeError(f"Argument `enabled` of set_sync must be True or False. Received: {enabled!r}.")
+            raise ArgumentTypeError(f"Argument `enabled` of set_sync must be True or False. Received: {enabled!r}.")
         self._sync_or_raise("set_sync").flush(enable=enabled)
 
     def flush_sync(self) -> None:
@@ -367,7 +369,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         """
         version = self._sync_or_raise("sync_version").current_version()
         if version is None:
-            raise ValueError("sync_version() is only valid inside a function passed to strategy.run.")
+            raise ArgumentError("sync_version() is only valid inside a function passed to strategy.run.")
         return version
 
     @property
@@ -393,17 +395,17 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
 
 def _check_sync_arguments(sync, replicas_to_aggregate, timeout_s) -> None:
     if not (sync is True or sync is False or sync == "switchable"):
-        raise ValueError(
+        raise ArgumentError(
             f'Argument `sync` must be False, True or "switchable". Received: {sync!r}. Fix: sync=True for '
             'synchronous steps, sync="switchable" to start async and switch later.'
         )
     if sync is False and replicas_to_aggregate is not None:
-        raise ValueError(
+        raise ArgumentError(
             f"Argument `replicas_to_aggregate` ({replicas_to_aggregate!r}) needs sync=True or "
             'sync="switchable". Fix: pass sync=True, or drop replicas_to_aggregate.'
         )
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ValueError(f"Argument `sync_timeout_s` must be a number of seconds > 0. Received: {timeout_s!r}.")
+        raise ArgumentError(f"Argument `sync_timeout_s` must be a number of seconds > 0. Received: {timeout_s!r}.")
 
 
 def _check_replicas(sync, replicas_to_aggregate, num_workers: int) -> int:
@@ -413,7 +415,7 @@ def _check_replicas(sync, replicas_to_aggregate, num_workers: int) -> int:
         return num_workers
     if isinstance(replicas_to_aggregate, bool) or not isinstance(replicas_to_aggregate, int) \
             or not 1 <= replicas_to_aggregate <= num_workers:
-        raise ValueError(
+        raise ArgumentError(
             f"Argument `replicas_to_aggregate` must be an int from 1 to the number of workers ({num_workers}). "
             f"Received: {replicas_to_aggregate!r}. Fix: pass e.g. replicas_to_aggregate={max(1, num_workers - 1)} "
             "for one backup worker, or leave it None to aggregate every worker."
@@ -487,11 +489,16 @@ class CentralStorageStrategy(tf.distribute.experimental.CentralStorageStrategy):
         if compute_devices is None:
             compute_devices = _local_gpus() or ["/device:CPU:0"]
         if isinstance(compute_devices, str) or not list(compute_devices):
-            raise ValueError(
+            raise ArgumentError(
                 "Argument `compute_devices` must be a non-empty list of device names such as "
                 f'["/gpu:0", "/gpu:1"]. Received: {compute_devices!r}.'
             )
         super().__init__(compute_devices=list(compute_devices), parameter_device=parameter_device)
+        if os.environ.get("TF_CONFIG"):
+            # Under `tf-psx launch` the chief runs this script; the launched tasks stay idle.
+            logger.warning("CentralStorageStrategy trains in this process on %s; the cluster of TF_CONFIG is not "
+                           "used (its ps and worker tasks stay idle). For a cluster, use "
+                           "tf_psx.ParameterServerStrategy() or tf_psx.auto_strategy().", list(compute_devices))
 
 
 def auto_strategy(tf_config: Any = None) -> tf.distribute.Strategy:

@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from tf_psx import exact_updates as _exact_updates
 from tf_psx._tf import tfra as _tfra
+from tf_psx.errors import DataError
 
 __all__ = ["TablePolicy", "DiskTier", "EvictionReport", "SPILLED", "restore_tables", "seed_policies", "slot_tables",
            "hash_table_layers"]
@@ -370,8 +371,8 @@ class DiskTier:
         if self._width is None:
             self._width = width
         if width != self._width:
-            raise ValueError(f"DiskTier {self.directory}: rows of width {width}, the store holds {self._width}. "
-                             "Fix: use a new spill_dir for a model with other slots or dims.")
+            raise DataError(f"DiskTier {self.directory}: rows of width {width}, the store holds {self._width}. "
+                            "Fix: use a new spill_dir for a model with other slots or dims.")
         records = np.empty(len(keys), dtype=[("key", "<i8"), ("row", "<f8", (width,))])
         records["key"], records["row"] = keys, block
         with open(self._data, "ab") as handle:
@@ -393,8 +394,8 @@ class DiskTier:
         offsets = np.array([self._index[k][0] for k in found], np.int64)
         picked = data[offsets]
         if not np.array_equal(picked["key"], found):
-            raise ValueError(f"DiskTier {self.directory}: {self._data} does not match its index. Fix: use a new "
-                             "spill_dir (the store was written by another run or damaged).")
+            raise DataError(f"DiskTier {self.directory}: {self._data} does not match its index. Fix: use a new "
+                            "spill_dir (the store was written by another run or damaged).")
         rows = np.asarray(picked["row"])
         parts = [rows[:, i:i + self.dim] for i in range(0, self._width, self.dim)]
         return np.array(found, np.int64), parts

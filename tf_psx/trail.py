@@ -47,6 +47,7 @@ import os
 import platform
 
 from tf_psx import snapshots as _snapshots
+from tf_psx.errors import ArgumentError, MissingFileError
 
 __all__ = ["MANIFEST_NAME", "check_metadata", "write_manifest", "read_manifest", "verify", "next_version", "package_versions"]
 
@@ -120,18 +121,18 @@ def package_versions() -> dict[str, str | None]:
 def check_metadata(metadata) -> dict:
     """`metadata` as a dict of JSON values that sets no key the manifest writes; else ValueError."""
     if metadata is not None and not isinstance(metadata, dict):
-        raise ValueError(f"Argument `metadata` must be a dict or None. Received: {metadata!r}. Fix: pass e.g. "
-                         "metadata={\"step\": 1200, \"metrics\": {\"auc\": 0.79}}.")
+        raise ArgumentError(f"Argument `metadata` must be a dict or None. Received: {metadata!r}. Fix: pass e.g. "
+                            "metadata={\"step\": 1200, \"metrics\": {\"auc\": 0.79}}.")
     metadata = dict(metadata or {})
     reserved = sorted({"files", "content_hash", "versions", "created", "format"} & set(metadata))
     if reserved:
-        raise ValueError(f"Argument `metadata` must not set {reserved}: the manifest writes them. Received keys: "
-                         f"{sorted(metadata)}. Fix: rename those keys.")
+        raise ArgumentError(f"Argument `metadata` must not set {reserved}: the manifest writes them. Received keys: "
+                            f"{sorted(metadata)}. Fix: rename those keys.")
     try:
         json.dumps(metadata)
     except TypeError as error:
-        raise ValueError(f"Argument `metadata` must hold JSON values only. Received: {metadata!r} ({error}). "
-                         "Fix: convert numpy numbers and tensors with float() / int() / .tolist().") from error
+        raise ArgumentError(f"Argument `metadata` must hold JSON values only. Received: {metadata!r} ({error}). "
+                            "Fix: convert numpy numbers and tensors with float() / int() / .tolist().") from error
     return metadata
 
 
@@ -172,13 +173,13 @@ def read_manifest(path: str) -> dict:
     name = fs.join(path, MANIFEST_NAME)
     if fs.exists(path) and not fs.isdir(path):
         kind = "a Keras model file" if str(path).endswith((".keras", ".h5")) else "a file"
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{path} is {kind}, not the directory tf_psx.export_serving writes (a SavedModel with "
             f"{MANIFEST_NAME}). Fix: export it with tf_psx.export_serving(tf.keras.models.load_model({str(path)!r}), "
             "'export_dir'), then verify 'export_dir'.")
     if not fs.exists(name):
-        raise FileNotFoundError(f"{name} does not exist: {path} was not exported by tf_psx.export_serving with a "
-                                "manifest. Fix: export it again with export_serving(model, path).")
+        raise MissingFileError(f"{name} does not exist: {path} was not exported by tf_psx.export_serving with a "
+                               "manifest. Fix: export it again with export_serving(model, path).")
     return json.loads(fs.read_text(name))
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from tf_psx._tf.weights import sharded_container as _container
+from tf_psx.errors import ArgumentError
 
 __all__ = ["unsharded_weights", "convert"]
 
@@ -93,7 +94,7 @@ def split_unsharded(layer, params, weights):
         value = np.asarray(value)
         full = tuple(container.shape)
         if value.shape != full:
-            raise ValueError(
+            raise ArgumentError(
                 f"Layer {layer.name}: weight {container.name} is sharded in {len(members)} parts of total "
                 f"shape {full}; received an array of shape {value.shape}. Fix: pass the whole {full} array "
                 "(tf_psx.unsharded_weights gives that list) or the shard list of get_weights()."

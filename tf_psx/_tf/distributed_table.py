@@ -12,7 +12,7 @@ whose shard function loops over the batches (`evaluate(test_ds)`, `fit`'s
 validation). Here the capture goes to the outermost function, where TF feeds
 it, and the loop body captures that tensor as it captures any outer value.
 (Training with `steps_per_execution > 1`, also a loop, ran with and without
-this; tests/test_lookup_layers.py keeps both.)
+this; tests/training/test_lookup_layers.py keeps both.)
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tf_psx.errors import ArgumentError, ArgumentTypeError
+
 def wrap_train_step(model, make_wrapper):
     """Replaces `model.train_step` on the instance by `make_wrapper(original)`.
 
@@ -38,7 +40,7 @@ def wrap_optimizer_apply(optimizer, make_wrapper):
     """
     name = "_distributed_apply_gradients_fn"
     if not hasattr(optimizer, name):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"The optimizer {type(optimizer).__qualname__} has no `{name}`: it is not a tf-keras 2.16 "
             "optimizer (tf.keras.optimizers.*). Fix: compile the model with a tf.keras optimizer; legacy "
             "optimizers (tf.keras.optimizers.legacy.*) are not supported by tf_psx.callbacks."
@@ -91,7 +93,7 @@ def set_initial_counters(model, epoch: int, step: int) -> None:
     """Makes the running `fit` start at (epoch, step in that epoch)."""
     current = getattr(model, "_training_state", None)
     if current is not None and not isinstance(current, _InitialCounters):
-        raise ValueError(
+        raise ArgumentError(
             "tf.keras.callbacks.BackupAndRestore and tf_psx.callbacks.PeriodicSync were both passed "
             "to fit; both decide where fit resumes. Fix: keep only PeriodicSync (it saves between "
             "epochs too, and its batch-level snapshots work under ParameterServerStrategy)."

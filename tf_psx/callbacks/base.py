@@ -12,6 +12,7 @@ import weakref
 from typing import Any
 
 from tf_psx._tf import keras as _tf_keras
+from tf_psx.errors import ArgumentError
 
 _keras = _tf_keras.keras()
 
@@ -21,7 +22,7 @@ _SNAPSHOT_SECONDS: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDicti
 
 def _check_path(owner: str, name: str, value: Any) -> str:
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-        raise ValueError(
+        raise ArgumentError(
             f"Argument `{name}` of {owner} must be a non-empty directory path (str or os.PathLike). "
             f"Received: {value!r}. Fix: pass e.g. {name}=\"/tmp/run1\"."
         )

@@ -19,6 +19,7 @@ from tf_psx import _checks, metrics as _metrics, tables as _tables
 from tf_psx._tf import runtime as _runtime
 from tf_psx.callbacks.base import _SNAPSHOT_SECONDS, _RunCallback, _check_path
 from tf_psx.callbacks.probe import _components, _coordinator, _probe, _stats_between
+from tf_psx.errors import ArgumentError
 from tf_psx.snapshots.store import first_line
 
 __all__ = ["ClusterMonitor", "DEFAULT_MONITOR_STEPS"]
@@ -119,12 +120,12 @@ class ClusterMonitor(_RunCallback):
         if metrics_port is None:
             metrics_port = _metrics.port_from_env()
         elif not (_checks.is_int_at_least(metrics_port, 0) and metrics_port <= 65535):
-            raise ValueError(f"Argument `metrics_port` of ClusterMonitor must be an int in 0..65535 or None. "
-                             f"Received: {metrics_port!r}. Fix: pass e.g. metrics_port=9400, or 0 for a free port.")
+            raise ArgumentError(f"Argument `metrics_port` of ClusterMonitor must be an int in 0..65535 or None. "
+                                f"Received: {metrics_port!r}. Fix: pass e.g. metrics_port=9400, or 0 for a free port.")
         if log_dir is None and metrics_port is None:
-            raise ValueError("ClusterMonitor needs a `log_dir` (TensorBoard) or a `metrics_port` (Prometheus). "
-                             "Received neither. Fix: pass e.g. ClusterMonitor(\"/tmp/logs\") or "
-                             "ClusterMonitor(metrics_port=9400).")
+            raise ArgumentError("ClusterMonitor needs a `log_dir` (TensorBoard) or a `metrics_port` (Prometheus). "
+                                "Received neither. Fix: pass e.g. ClusterMonitor(\"/tmp/logs\") or "
+                                "ClusterMonitor(metrics_port=9400).")
         self.log_dir = None if log_dir is None else _check_path("ClusterMonitor", "log_dir", log_dir)
         self.metrics_port, self.metrics_host = metrics_port, metrics_host
         self.metrics_server: _metrics.MetricsServer | None = None
@@ -135,7 +136,7 @@ class ClusterMonitor(_RunCallback):
         self.every_n_steps = _checks.int_at_least(every_n_steps, 1, "every_n_steps", owner="ClusterMonitor",
                                         fix='pass e.g. ClusterMonitor("/tmp/logs", every_n_steps=100)')
         if cluster is not None and not all(hasattr(cluster, attr) for attr in ("pid", "processes", "config")):
-            raise ValueError(
+            raise ArgumentError(
                 "Argument `cluster` of ClusterMonitor must be None or a tf_psx.LocalCluster. "
                 f"Received: {cluster!r}. Fix: pass the LocalCluster the strategy was built on, or nothing."
             )

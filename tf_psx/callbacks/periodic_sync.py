@@ -14,6 +14,7 @@ from typing import Literal
 from tf_psx import _checks
 from tf_psx._tf import fit_hooks as _fit_hooks
 from tf_psx.callbacks.base import _SNAPSHOT_SECONDS, _RunCallback, _check_path
+from tf_psx.errors import ArgumentError
 from tf_psx.snapshots import restore as _restore
 from tf_psx.snapshots.engine import SnapshotEngine, finish_snapshots_of
 from tf_psx.snapshots.store import Snapshot
@@ -153,13 +154,13 @@ class PeriodicSync(_RunCallback):
                  delta_rows_by: Literal["auto", "fingerprint"] = "auto"):
         super().__init__()
         if delta_rows_by not in ("auto", "fingerprint"):
-            raise ValueError(f"Argument `delta_rows_by` of PeriodicSync must be 'auto' or 'fingerprint'. Received: "
-                             f"{delta_rows_by!r}. Fix: pass delta_rows_by='fingerprint' to find changed rows by "
-                             "content only, or leave the default.")
+            raise ArgumentError(f"Argument `delta_rows_by` of PeriodicSync must be 'auto' or 'fingerprint'. Received: "
+                                f"{delta_rows_by!r}. Fix: pass delta_rows_by='fingerprint' to find changed rows by "
+                                "content only, or leave the default.")
         self.delta_rows_by = delta_rows_by
         if not isinstance(background, bool):
-            raise ValueError(f"Argument `background` of PeriodicSync must be True or False. Received: {background!r}. "
-                             "Fix: pass background=True to write snapshots in the background.")
+            raise ArgumentError(f"Argument `background` of PeriodicSync must be True or False. Received: {background!r}. "
+                                "Fix: pass background=True to write snapshots in the background.")
         self.background = background
         self.every_n_steps = _checks.int_at_least(every_n_steps, 1, "every_n_steps", owner="PeriodicSync",
                                         fix='pass e.g. PeriodicSync(every_n_steps=100, directory="/tmp/run1")')
@@ -172,7 +173,7 @@ class PeriodicSync(_RunCallback):
                 delta_every_n_steps, 1, "delta_every_n_steps", owner="PeriodicSync",
                 fix="pass e.g. PeriodicSync(every_n_steps=500, directory=..., delta_every_n_steps=20)")
             if self.delta_every_n_steps >= self.every_n_steps:
-                raise ValueError(
+                raise ArgumentError(
                     f"Argument `delta_every_n_steps` of PeriodicSync must be below `every_n_steps` "
                     f"({self.every_n_steps}): a delta holds what changed since the last full snapshot. Received: "
                     f"{delta_every_n_steps!r}. Fix: pass a smaller delta_every_n_steps, or None for full snapshots "

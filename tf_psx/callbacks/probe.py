@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_psx._tf import fit_hooks as _fit_hooks, keras as _tf_keras, runtime as _runtime
+from tf_psx.errors import ArgumentError
 
 _keras = _tf_keras.keras()
 
@@ -117,7 +118,7 @@ class _StepProbe:
         self._holders[id(holder)] = policy
         policies = [p for p in self._holders.values() if p is not None]
         if len(set(policies)) > 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"Two StalenessBound callbacks with different settings were passed to one fit: {sorted(set(policies))}. "
                 "Fix: pass one StalenessBound."
             )

@@ -13,6 +13,7 @@ import numpy as np
 from tf_psx import _checks
 from tf_psx.callbacks.base import _RunCallback
 from tf_psx.callbacks.probe import STALENESS_BINS, _probe, _stats_between
+from tf_psx.errors import ArgumentError
 
 __all__ = ["StalenessBound", "POLICIES"]
 
@@ -85,7 +86,7 @@ class StalenessBound(_RunCallback):
         self.max_staleness = _checks.int_at_least(max_staleness, 0, "max_staleness", owner="StalenessBound",
                                                   fix='pass e.g. StalenessBound(max_staleness=2, policy="drop")')
         if policy not in POLICIES:
-            raise ValueError(
+            raise ArgumentError(
                 f"Argument `policy` of StalenessBound must be one of {', '.join(repr(p) for p in POLICIES)}. "
                 f"Received: {policy!r}. Fix: pass policy=\"drop\" to skip stale gradients or "
                 "policy=\"scale\" to down-weight them."

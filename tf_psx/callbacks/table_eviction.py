@@ -12,6 +12,7 @@ import time
 from tf_psx import _checks, tables as _tables
 from tf_psx._tf import runtime as _runtime
 from tf_psx.callbacks.base import _RunCallback
+from tf_psx.errors import ArgumentError
 
 __all__ = ["TableEviction"]
 
@@ -61,11 +62,11 @@ class TableEviction(_RunCallback):
                                                   or_none=True, fix="pass e.g. TableEviction(every_n_steps=1000)")
         if every_seconds is not None and (isinstance(every_seconds, bool) or not isinstance(every_seconds, (int, float))
                                           or not every_seconds > 0):
-            raise ValueError(f"Argument `every_seconds` of TableEviction must be a number > 0 or None. Received: "
-                             f"{every_seconds!r}. Fix: pass e.g. TableEviction(every_seconds=60).")
+            raise ArgumentError(f"Argument `every_seconds` of TableEviction must be a number > 0 or None. Received: "
+                                f"{every_seconds!r}. Fix: pass e.g. TableEviction(every_seconds=60).")
         if every_n_steps is None and every_seconds is None:
-            raise ValueError("TableEviction needs `every_n_steps` or `every_seconds`. Received: neither. "
-                             "Fix: pass e.g. TableEviction(every_n_steps=1000).")
+            raise ArgumentError("TableEviction needs `every_n_steps` or `every_seconds`. Received: neither. "
+                                "Fix: pass e.g. TableEviction(every_n_steps=1000).")
         self.every_seconds = every_seconds
         self.reports: list = []
         self._layers: list = []
@@ -74,7 +75,7 @@ class TableEviction(_RunCallback):
         super().on_train_begin(logs)
         self._layers = [layer for layer in _tables.hash_table_layers(self.model) if layer.policy is not None]
         if not self._layers:
-            raise ValueError(
+            raise ArgumentError(
                 f"TableEviction: model {self.model.name} has no DynamicEmbedding with max_age_steps, max_rows or "
                 "min_count, so there is nothing to evict. Fix: pass max_rows=... or max_age_steps=... to the "
                 "DynamicEmbedding layers, or drop the callback.")

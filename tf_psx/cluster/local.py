@@ -24,7 +24,7 @@ from tf_psx._tf import runtime as _runtime
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig
 from tf_psx.cluster.config import ClusterSource
 from tf_psx.cluster.ports import LOOPBACK, free_ports
-from tf_psx.errors import TaskFailedError
+from tf_psx.errors import ArgumentError, StateError, TaskFailedError
 
 logger = logging.getLogger("tf_psx")
 
@@ -115,18 +115,18 @@ class LocalCluster(ClusterSource):
         self.num_ps = _checks.int_at_least(num_ps, 1, "num_ps", fix="pass LocalCluster(num_ps=1) or more")
         self.processes = bool(processes)
         if not self.processes and self.num_workers > MAX_INPROCESS_WORKERS:
-            raise ValueError(
+            raise ArgumentError(
                 f"Argument `num_workers` must be <= {MAX_INPROCESS_WORKERS} for an in-process LocalCluster "
                 f"(its servers share one TF thread pool of {INPROCESS_INTER_OP_THREADS} threads). "
                 f"Received: {num_workers}. Fix: pass processes=True."
             )
         if not self.processes and log_dir is not None:
-            raise ValueError(
+            raise ArgumentError(
                 f"Argument `log_dir` needs task processes: in-process servers log to this process. "
                 f"Received: log_dir={log_dir!r} with processes=False. Fix: pass processes=True, or drop log_dir."
             )
         if isinstance(start_timeout_s, bool) or not isinstance(start_timeout_s, (int, float)) or start_timeout_s <= 0:
-            raise ValueError(
+            raise ArgumentError(
                 f"Argument `start_timeout_s` must be a number of seconds > 0. Received: {start_timeout_s!r}."
             )
         self.start_timeout_s = float(start_timeout_s)
@@ -136,7 +136,7 @@ class LocalCluster(ClusterSource):
         _checks.int_at_least(inter_op_threads, 1, "inter_op_threads", owner="LocalCluster", or_none=True,
                              fix="pass an int >= 1, or None for the default")
         if not self.processes and (intra_op_threads != "auto" or inter_op_threads is not None):
-            raise ValueError(
+            raise ArgumentError(
                 "Arguments `intra_op_threads` and `inter_op_threads` of LocalCluster set each task process's "
                 f"thread pools and need processes=True. Received: intra_op_threads={intra_op_threads!r}, "
                 f"inter_op_threads={inter_op_threads!r} with processes=False. Fix: pass processes=True, or "
@@ -312,12 +312,12 @@ class LocalCluster(ClusterSource):
 
     def _key(self, task_type: str, index: int) -> tuple[str, int]:
         if task_type not in TASK_TYPES:
-            raise ValueError(
+            raise ArgumentError(
                 f"Argument `task_type` must be one of {list(TASK_TYPES)}. Received: {task_type!r}."
             )
         count = self.num_workers if task_type == "worker" else self.num_ps
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
-            raise ValueError(
+            raise ArgumentError(
                 f"Argument `index` for {task_type!r} must be an int in [0, {count}). Received: {index!r}."
             )
         return task_type, index
@@ -330,13 +330,13 @@ class LocalCluster(ClusterSource):
 
     def _require_processes(self, what: str) -> None:
         if not self.processes:
-            raise RuntimeError(
+            raise StateError(
                 f"LocalCluster.{what} needs task processes. Fix: LocalCluster(..., processes=True)."
             )
 
     def _require_started(self, what: str) -> None:
         if self.config is None:
-            raise RuntimeError(
+            raise StateError(
                 f"LocalCluster {what} is not available before the cluster starts. "
                 "Fix: use `with LocalCluster(...) as cluster:` or call cluster.start()."
             )

@@ -66,6 +66,8 @@ import threading
 import time
 from typing import Mapping
 
+from tf_psx.errors import ArgumentError, MissingFileError, NetworkSetupError
+
 # Printed (with flush) once every route listens; tests and scripts wait for it.
 READY_MARK = "tf_psx.netproxy ready"
 # Bytes read per recv: one gRPC frame is at most 16 KiB by default, so a
@@ -92,7 +94,7 @@ def _address(value, field: str) -> tuple[str, int]:
     elif isinstance(value, (tuple, list)) and len(value) == 2:
         host, port = value
     if not host or isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(
+        raise ArgumentError(
             f"{field} must be {_ADDRESS_FORM} with a port in 0..65535. Received: {value!r}. "
             'Fix: pass e.g. "127.0.0.1:2222".'
         )
@@ -102,7 +104,7 @@ def _address(value, field: str) -> tuple[str, int]:
 def _parse_routes(routes, owner: str) -> list:
     """[_Route] of {listen: target}; ValueError naming `owner`, the route and the fix otherwise."""
     if not isinstance(routes, Mapping) or not routes:
-        raise ValueError(
+        raise ArgumentError(
             f"Argument `routes` of {owner} must be a non-empty dict {{listen: target}}. Received: {routes!r}. "
             'Fix: pass e.g. {"127.0.0.1:3222": "127.0.0.1:2222"}.'
         )
@@ -141,8 +143,8 @@ class DelayProxy:
 
     def __init__(self, routes: Mapping, delay_ms: float):
         if isinstance(delay_ms, bool) or not isinstance(delay_ms, (int, float)) or not delay_ms >= 0:
-            raise ValueError(f"Argument `delay_ms` of DelayProxy must be a number >= 0. Received: {delay_ms!r}. "
-                             "Fix: pass e.g. delay_ms=20.")
+            raise ArgumentError(f"Argument `delay_ms` of DelayProxy must be a number >= 0. Received: {delay_ms!r}. "
+                                "Fix: pass e.g. delay_ms=20.")
         self.delay_s = float(delay_ms) / 1000.0
         self._routes = _parse_routes(routes, "DelayProxy")
         self._closed = threading.Event()
@@ -157,8 +159,8 @@ class DelayProxy:
                 route.sock = socket.create_server(route.listen, reuse_port=False)
             except OSError as err:
                 self.close()
-                raise OSError(err.errno, f"DelayProxy cannot listen on {route.listen[0]}:{route.listen[1]}: "
-                                         f"{err.strerror}. Fix: pick a free port on an address of this host.") from err
+                raise NetworkSetupError(err.errno, f"DelayProxy cannot listen on {route.listen[0]}:{route.listen[1]}: "
+                                                   f"{err.strerror}. Fix: pick a free port on an address of this host.") from err
             route.sock.settimeout(POLL_S)
             route.bound = route.sock.getsockname()[:2]
             self._spawn(self._accept, route)
@@ -329,15 +331,15 @@ def tls_context(side: str, cert: str, key: str, ca: str):
     import ssl  # pylint: disable=import-outside-toplevel
 
     if side not in ("accept", "connect"):
-        raise ValueError(f'Argument `side` of tls_context must be "accept" or "connect". Received: {side!r}. '
-                         'Fix: "accept" in front of a task\'s port, "connect" for the clients of a remote one.')
+        raise ArgumentError(f'Argument `side` of tls_context must be "accept" or "connect". Received: {side!r}. '
+                            'Fix: "accept" in front of a task\'s port, "connect" for the clients of a remote one.')
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if side == "accept" else ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = getattr(ssl.TLSVersion, _MIN_TLS)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_REQUIRED
     for path, what in ((cert, "certificate"), (key, "private key"), (ca, "CA certificate")):
         if not os.path.isfile(path):
-            raise OSError(f"The TLS {what} file {path!r} does not exist. Fix: pass the PEM file's path.")
+            raise MissingFileError(f"The TLS {what} file {path!r} does not exist. Fix: pass the PEM file's path.")
     context.load_cert_chain(cert, key)
     context.load_verify_locations(ca)
     return context
@@ -371,8 +373,8 @@ class TLSTunnel:
 
     def __init__(self, routes: Mapping, side: str, context):
         if side not in ("accept", "connect"):
-            raise ValueError(f'Argument `side` of TLSTunnel must be "accept" or "connect". Received: {side!r}. '
-                             'Fix: "accept" in front of a task\'s port, "connect" for the clients of a remote one.')
+            raise ArgumentError(f'Argument `side` of TLSTunnel must be "accept" or "connect". Received: {side!r}. '
+                                'Fix: "accept" in front of a task\'s port, "connect" for the clients of a remote one.')
         self.side, self.context = side, context
         self._routes = _parse_routes(routes, "TLSTunnel")
         self._loop = None
@@ -410,8 +412,8 @@ class TLSTunnel:
         self._thread.start()
         if not started.wait(CONNECT_TIMEOUT_S):
             self.close()
-            raise OSError(f"TLSTunnel did not listen within {CONNECT_TIMEOUT_S:g} s on "
-                          f"{', '.join(f'{r.listen[0]}:{r.listen[1]}' for r in self._routes)}.")
+            raise NetworkSetupError(f"TLSTunnel did not listen within {CONNECT_TIMEOUT_S:g} s on "
+                                    f"{', '.join(f'{r.listen[0]}:{r.listen[1]}' for r in self._routes)}.")
         if failure:
             self.close()
             raise failure[0]
@@ -429,8 +431,8 @@ class TLSTunnel:
             except OSError as err:
                 for started in self._servers:
                     started.close()
-                raise OSError(err.errno, f"TLSTunnel cannot listen on {route.listen[0]}:{route.listen[1]}: "
-                                         f"{err.strerror}. Fix: pick a free port on an address of this host.") from err
+                raise NetworkSetupError(err.errno, f"TLSTunnel cannot listen on {route.listen[0]}:{route.listen[1]}: "
+                                                   f"{err.strerror}. Fix: pick a free port on an address of this host.") from err
             route.bound = server.sockets[0].getsockname()[:2]
             self._servers.append(server)
 

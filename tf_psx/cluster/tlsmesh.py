@@ -67,6 +67,7 @@ from typing import Any, Mapping
 
 from tf_psx.cluster import netproxy
 from tf_psx.cluster import ClusterConfig
+from tf_psx.errors import ArgumentError, MissingFileError, TFConfigError
 
 __all__ = ["CERT_FILES", "DEFAULT_BASE_PORT", "MeshPlan", "mesh_plan", "run"]
 
@@ -119,16 +120,16 @@ def mesh_plan(tf_config: str | Mapping[str, Any] | None = None, base_port: int =
     """
     config = ClusterConfig.from_tf_config(tf_config)
     if config.task_type is None:
-        raise ValueError('TF_CONFIG has no "task". Fix: give the task\'s {"type": ..., "index": ...}, '
-                         "as the Kubeflow operator and `tf-psx launch` do.")
+        raise TFConfigError('TF_CONFIG has no "task". Fix: give the task\'s {"type": ..., "index": ...}, '
+                            "as the Kubeflow operator and `tf-psx launch` do.")
     cluster = config.as_dict()
     jobs = {t: cluster[t] for t in _PORT_ORDER if t in cluster}
     tasks = [(t, i, address) for t, addresses in jobs.items() for i, address in enumerate(addresses)]
     if isinstance(base_port, bool) or not isinstance(base_port, int) or not (
             1024 <= base_port and base_port + len(tasks) - 1 <= 65535):
-        raise ValueError(f"Argument `base_port` must be an int >= 1024 with base_port + {len(tasks) - 1} "
-                         f"(one port per task) <= 65535. Received: {base_port!r}. "
-                         f"Fix: use the default {DEFAULT_BASE_PORT}.")
+        raise ArgumentError(f"Argument `base_port` must be an int >= 1024 with base_port + {len(tasks) - 1} "
+                            f"(one port per task) <= 65535. Received: {base_port!r}. "
+                            f"Fix: use the default {DEFAULT_BASE_PORT}.")
     local = {(t, i): f"{_LOOPBACK}:{base_port + n}" for n, (t, i, _) in enumerate(tasks)}
     own = (config.task_type, config.task_index)
     accept, connect = {}, {}
@@ -136,7 +137,7 @@ def mesh_plan(tf_config: str | Mapping[str, Any] | None = None, base_port: int =
         if (t, i) == own:
             public_port = _port_of(address)
             if base_port <= public_port < base_port + len(tasks):
-                raise ValueError(
+                raise ArgumentError(
                     f"The task's public port {public_port} ({t}:{i} at {address}) is one of the loopback ports "
                     f"{base_port}..{base_port + len(tasks) - 1} of the mesh. Fix: pass another `base_port`.")
             accept[f"{_ANY_HOST}:{public_port}"] = local[(t, i)]
@@ -149,8 +150,8 @@ def mesh_plan(tf_config: str | Mapping[str, Any] | None = None, base_port: int =
 
 def _contexts(cert_dir: str):
     if not os.path.isdir(cert_dir):
-        raise OSError(f"The certificate directory {cert_dir!r} does not exist. Fix: pass the directory that holds "
-                      f"{', '.join(CERT_FILES.values())} (a mounted Kubernetes TLS secret).")
+        raise MissingFileError(f"The certificate directory {cert_dir!r} does not exist. Fix: pass the directory that holds "
+                               f"{', '.join(CERT_FILES.values())} (a mounted Kubernetes TLS secret).")
     paths = {role: os.path.join(cert_dir, name) for role, name in CERT_FILES.items()}
     return {side: netproxy.tls_context(side, paths["cert"], paths["key"], paths["ca"]) for side in ("accept", "connect")}
 

@@ -56,6 +56,7 @@ from tf_psx.data.layout import (  # noqa: F401
     Format,
     parse_lines,
 )
+from tf_psx.errors import ArgumentError, ArgumentTypeError
 
 __all__ = [
     "CriteoMalformedLineWarning",
@@ -180,20 +181,20 @@ class CriteoReader:
     ):
         _checks.int_at_least(batch_size, 1, "batch_size")
         if format not in FORMATS:
-            raise ValueError(f"Argument `format` must be one of {FORMATS}. Received: {format!r}.")
+            raise ArgumentError(f"Argument `format` must be one of {FORMATS}. Received: {format!r}.")
         _checks.int_at_least(vocab_size, 1, "vocab_size", or_none=True)
         _checks.int_at_least(shuffle_buffer, 0, "shuffle_buffer")
         _checks.int_at_least(num_epochs, 1, "num_epochs", or_none=True)
         if num_epochs is not None:
             if repeat:
-                raise ValueError(
+                raise ArgumentError(
                     f"Arguments `repeat=True` and `num_epochs={num_epochs!r}` contradict each other. "
                     "Fix: pass repeat=True to read forever, or num_epochs=N to read N times."
                 )
         if not isinstance(dense_missing_value, (int, float)) or not math.isfinite(dense_missing_value):
-            raise ValueError(f"Argument `dense_missing_value` must be a finite number. Received: {dense_missing_value!r}.")
+            raise ArgumentError(f"Argument `dense_missing_value` must be a finite number. Received: {dense_missing_value!r}.")
         if stats is not None and not isinstance(stats, CriteoStats):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"Argument `stats` must be a tf_psx.data.CriteoStats or None. Received: {stats!r}. "
                 "Fix: pass stats=tf_psx.data.CriteoStats(), and read its counts after reading the data."
             )
@@ -203,7 +204,7 @@ class CriteoReader:
             num_pipelines = input_context.num_input_pipelines
             pipeline_id = input_context.input_pipeline_id
             if not 0 <= pipeline_id < num_pipelines:
-                raise ValueError(
+                raise ArgumentError(
                     f"input_context.input_pipeline_id must be in [0, {num_pipelines}). Received: {pipeline_id!r}."
                 )
         if len(all_files) >= num_pipelines:
@@ -380,7 +381,7 @@ def criteo_dataset_fn(paths: PathLike | Sequence[PathLike], batch_size: int, **k
         nothing.
     """
     if "input_context" in kwargs:
-        raise ValueError(
+        raise ArgumentError(
             "Argument `input_context` is given by DatasetCreator to the returned dataset_fn. "
             "Fix: drop it from criteo_dataset_fn's arguments."
         )

@@ -18,6 +18,7 @@ import warnings
 
 from tf_psx.data.files import is_remote, open_file
 from tf_psx.data.layout import problem
+from tf_psx.errors import StateError
 
 __all__ = ["CriteoMalformedLineWarning", "CriteoStats"]
 
@@ -176,7 +177,7 @@ class CriteoStats:
 # --- the check of the files, in a background thread of this process ---
 
 
-class _CheckStopped(RuntimeError):
+class _CheckStopped(StateError):
     """The process exits before the check of a file ended."""
 
 

@@ -14,6 +14,7 @@ from typing import IO, Sequence, Union
 
 from tf_psx import redaction as _redaction
 from tf_psx.data.layout import CSV_HEADER, HEADER_PREFIX, QUOTE_CHARS
+from tf_psx.errors import ArgumentError, DataError, MissingFileError
 
 __all__ = ["PathLike", "expand", "open_file", "detect", "is_remote"]
 
@@ -33,7 +34,7 @@ def expand(paths: PathLike | Sequence[PathLike]) -> list[str]:
         paths = [paths]
     paths = [os.fspath(p) for p in paths]
     if not paths:
-        raise ValueError("Argument `paths` must name at least one file. Received: [].")
+        raise ArgumentError("Argument `paths` must name at least one file. Received: [].")
     files: list[str] = []
     for path in paths:
         if any(c in path for c in _GLOB_CHARS):
@@ -44,7 +45,7 @@ def expand(paths: PathLike | Sequence[PathLike]) -> list[str]:
             else:
                 matches = sorted(_glob.glob(path))
             if not matches:
-                raise FileNotFoundError(f"No Criteo file matches the pattern {path!r}. Fix: check the pattern and the directory.")
+                raise MissingFileError(f"No Criteo file matches the pattern {path!r}. Fix: check the pattern and the directory.")
             files.extend(matches)
             continue
         if is_remote(path):
@@ -54,7 +55,7 @@ def expand(paths: PathLike | Sequence[PathLike]) -> list[str]:
         else:
             exists = os.path.isfile(path)
         if not exists:
-            raise FileNotFoundError(f"Criteo file {path!r} does not exist. Fix: pass an existing file or a glob pattern.")
+            raise MissingFileError(f"Criteo file {path!r} does not exist. Fix: pass an existing file or a glob pattern.")
         files.append(path)
     return files
 
@@ -79,13 +80,13 @@ def detect(path: str, fmt: str) -> tuple[str, bool]:
     if is_header:
         received = first.rstrip(b"\r\n").decode("utf-8", "replace")
         if fmt == "tsv":
-            raise ValueError(
+            raise DataError(
                 f"{path}: format='tsv' but the file starts with a CSV header "
                 f"({_redaction.show(repr(received[:QUOTE_CHARS]))}). "
                 "Fix: pass format='csv' or format='auto'."
             )
         if received != CSV_HEADER:
-            raise ValueError(
+            raise DataError(
                 f"{path}: the CSV header must be {CSV_HEADER!r} (columns are read by position); "
                 f"received {_redaction.show(repr(received[:QUOTE_CHARS]))}. Fix: write the columns in this order."
             )

@@ -11,6 +11,8 @@ import dataclasses
 
 import numpy as np
 
+from tf_psx.errors import ArgumentError
+
 __all__ = ["SyntheticCTR", "synthetic_ctr", "roc_auc", "log_loss", "holdout_quality", "describe_quality"]
 
 # Weight scale of the planted model: with 8-26 fields it gives a Bayes AUC
@@ -45,7 +47,7 @@ class SyntheticCTR:
     def split(self, holdout_fraction: float) -> tuple["SyntheticCTR", "SyntheticCTR"]:
         """Splits into (train, holdout); each part has its own Bayes AUC."""
         if not 0.0 < holdout_fraction < 1.0:
-            raise ValueError(
+            raise ArgumentError(
                 f"Argument `holdout_fraction` must be in (0, 1). Received: {holdout_fraction!r}."
             )
         cut = int(round(len(self.labels) * (1.0 - holdout_fraction)))
@@ -79,7 +81,7 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     num_pos = int(labels.sum())
     num_neg = labels.size - num_pos
     if num_pos == 0 or num_neg == 0:
-        raise ValueError(f"AUC needs both classes; received {num_pos} positives and {num_neg} negatives.")
+        raise ArgumentError(f"AUC needs both classes; received {num_pos} positives and {num_neg} negatives.")
     order = np.argsort(scores, kind="mergesort")
     ranks = np.empty(labels.size, dtype=np.float64)
     sorted_scores = scores[order]
@@ -185,9 +187,9 @@ def synthetic_ctr(
     """
     for name, value, minimum in (("num_examples", num_examples, 2), ("num_fields", num_fields, 1), ("vocab_size", vocab_size, 1)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-            raise ValueError(f"Argument `{name}` must be an int >= {minimum}. Received: {value!r}.")
+            raise ArgumentError(f"Argument `{name}` must be an int >= {minimum}. Received: {value!r}.")
     if not zipf > 0:
-        raise ValueError(f"Argument `zipf` must be > 0. Received: {zipf!r}.")
+        raise ArgumentError(f"Argument `zipf` must be > 0. Received: {zipf!r}.")
     rng = np.random.default_rng(seed)
     local = rng.choice(vocab_size, size=(num_examples, num_fields), p=_zipf_probs(vocab_size, zipf))
     ids = (local + np.arange(num_fields) * vocab_size).astype(np.int64)

@@ -27,6 +27,7 @@ import numpy as np
 from tf_psx import _checks
 from tf_psx.data.layout import CSV_HEADER, NUM_CATEGORICAL, NUM_DENSE
 from tf_psx.data.synthetic import roc_auc
+from tf_psx.errors import ArgumentError
 
 __all__ = ["CriteoSample", "write_criteo_sample"]
 
@@ -260,7 +261,7 @@ def write_criteo_sample(
     """
     _checks.int_at_least(rows, 1, "rows", fix="pass the number of well-formed rows to write, e.g. rows=200.")
     if layout not in LAYOUTS:
-        raise ValueError(
+        raise ArgumentError(
             f"Argument `layout` must be one of {LAYOUTS}. Received: {layout!r}. "
             "Fix: pass 'tsv' for the Kaggle/Terabyte layout or 'csv' for the CSV with a header."
         )

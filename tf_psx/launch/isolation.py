@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from tf_psx.errors import LaunchError
+from tf_psx.errors import LaunchError, NetworkSetupError
 from tf_psx.launch.contract import exit_code
 
 # Set in the re-executed launcher that already runs in its private namespace.
@@ -104,11 +104,11 @@ def run_isolated(cli_args: Sequence[str], out: Callable[[], TextIO], err: Callab
         if libc.unshare(_CLONE_NEWNET) == 0:
             return
         if ctypes.get_errno() != errno.EPERM:
-            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
+            raise NetworkSetupError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
         # Not root: a user namespace gives the child CAP_NET_ADMIN over a
         # network namespace of its own, as `unshare --net --map-root-user` does.
         if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER | CLONE_NEWNET) failed")
+            raise NetworkSetupError(ctypes.get_errno(), "unshare(CLONE_NEWUSER | CLONE_NEWNET) failed")
         for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
             with open(f"/proc/self/{name}", "w", encoding="ascii") as handle:
                 handle.write(text)

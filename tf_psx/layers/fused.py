@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_psx import _checks, redaction as _redaction
+from tf_psx.errors import ArgumentError
 from tf_psx.layers.common import serializable
 from tf_psx.layers.hash_table import DynamicEmbedding, table_keys
 from tf_psx.layers.sharded import ShardedEmbedding
@@ -22,12 +23,12 @@ __all__ = ["FeatureEmbeddings", "DynamicFeatureEmbeddings", "check_feature_dict"
 def check_feature_dict(owner: str, layer_name: str, inputs, features) -> None:
     """The error of a call whose input is not a dict with exactly `features` (both sets listed)."""
     if not isinstance(inputs, dict):
-        raise ValueError(f"{owner} `{layer_name}` takes a dict {{name: ids}}. Received: {type(inputs).__name__}. "
-                         f"Fix: pass {{{', '.join(repr(n) for n in features)}: ...}}.")
+        raise ArgumentError(f"{owner} `{layer_name}` takes a dict {{name: ids}}. Received: {type(inputs).__name__}. "
+                            f"Fix: pass {{{', '.join(repr(n) for n in features)}: ...}}.")
     missing = sorted(set(features) - set(inputs))
     unexpected = sorted(set(inputs) - set(features))
     if missing or unexpected:
-        raise ValueError(
+        raise ArgumentError(
             f"{owner} `{layer_name}`: the input's features differ from the declared ones. Missing: {missing}. "
             f"Unexpected: {unexpected}. Declared: {sorted(features)}. Received: {sorted(inputs)}. Fix: pass "
             "exactly the declared features, or declare the others."
@@ -86,19 +87,19 @@ class FeatureEmbeddings(ShardedEmbedding):
 
     def __init__(self, features: dict, output_dim: int, **kwargs):
         if not isinstance(features, dict) or not features:
-            raise ValueError(
+            raise ArgumentError(
                 "Argument `features` of FeatureEmbeddings must be a non-empty dict {name: vocabulary size}. "
                 f"Received: {features!r}. Fix: pass e.g. FeatureEmbeddings({{\"C1\": 1000, \"C2\": 50_000}}, 16)."
             )
         for name, size in features.items():
             if not isinstance(name, str):
-                raise ValueError(f"Argument `features` of FeatureEmbeddings must have str names. Received the key "
-                                 f"{name!r}. Fix: name each feature, e.g. \"C1\".")
+                raise ArgumentError(f"Argument `features` of FeatureEmbeddings must have str names. Received the key "
+                                    f"{name!r}. Fix: name each feature, e.g. \"C1\".")
             _checks.int_at_least(size, 1, f"features[{name!r}]", owner="FeatureEmbeddings",
                                  fix=f"pass the vocabulary size of feature {name!r}")
         if kwargs.get("mask_zero"):
-            raise ValueError("Argument `mask_zero` of FeatureEmbeddings is not supported. Received: True. Fix: drop "
-                             "it, or use one ShardedEmbedding(mask_zero=True) for that feature.")
+            raise ArgumentError("Argument `mask_zero` of FeatureEmbeddings is not supported. Received: True. Fix: drop "
+                                "it, or use one ShardedEmbedding(mask_zero=True) for that feature.")
         self.features = {name: int(size) for name, size in features.items()}
         self.offsets = dict(zip(self.features, np.cumsum([0] + list(self.features.values())[:-1]).tolist()))
         super().__init__(int(sum(self.features.values())), output_dim, **kwargs)
@@ -161,7 +162,7 @@ class FeatureEmbeddings(ShardedEmbedding):
     def feature_table(self, name: str) -> np.ndarray:
         """The rows of feature `name` in id order, [vocabulary, output_dim] (reads every shard)."""
         if name not in self.features:
-            raise ValueError(f"FeatureEmbeddings `{self.name}` has no feature {name!r}. Declared: {sorted(self.features)}.")
+            raise ArgumentError(f"FeatureEmbeddings `{self.name}` has no feature {name!r}. Declared: {sorted(self.features)}.")
         ids = tf.range(self.features[name], dtype=tf.int64) + self.offsets[name]
         return tf.nn.embedding_lookup(self.embeddings, self._storage_rows(ids)).numpy()
 
@@ -242,13 +243,13 @@ class DynamicFeatureEmbeddings(DynamicEmbedding):
 
     def __init__(self, features, output_dim: int, **kwargs):
         if isinstance(features, str) or not isinstance(features, (list, tuple)) or not features:
-            raise ValueError(
+            raise ArgumentError(
                 "Argument `features` of DynamicFeatureEmbeddings must be a non-empty list of feature names. "
                 f"Received: {features!r}. Fix: pass e.g. DynamicFeatureEmbeddings([\"user\", \"item\"], 16)."
             )
         if len(features) > MAX_DYNAMIC_FEATURES or len(set(features)) != len(features) or not all(
                 isinstance(name, str) for name in features):
-            raise ValueError(
+            raise ArgumentError(
                 f"Argument `features` of DynamicFeatureEmbeddings must hold at most {MAX_DYNAMIC_FEATURES} distinct "
                 f"str names. Received: {list(features)!r}. Fix: use several layers for more features, and name "
                 "each feature once."

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from tf_psx import _checks, exact_updates as _exact_updates
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime, shadows as _shadows, tfra as _tfra
+from tf_psx.errors import ArgumentError
 from tf_psx.layers.common import serializable
 
 __all__ = ["DynamicEmbedding", "table_keys", "STRING_KEY_BUCKETS", "UNSEEN_KEY_DEFAULT", "DEFAULT_INIT_STDDEV"]
@@ -153,18 +154,18 @@ class DynamicEmbedding(_keras.layers.Layer):
         _checks.int_at_least(max_rows, 1, "max_rows", owner="DynamicEmbedding", or_none=True,
                              fix="pass the rows to keep per table, e.g. max_rows=1_000_000, or None")
         if spill_dir is not None and max_age_steps is None and max_rows is None:
-            raise ValueError(
+            raise ArgumentError(
                 f"Argument `spill_dir` of DynamicEmbedding needs eviction (max_age_steps or max_rows). Received: "
                 f"spill_dir={spill_dir!r} with neither. Fix: pass max_rows=... or max_age_steps=..., or drop spill_dir."
             )
         key_dtype = tf.as_dtype(key_dtype)
         if key_dtype not in (tf.int64, tf.string):
-            raise ValueError(
+            raise ArgumentError(
                 f"Argument `key_dtype` of DynamicEmbedding must be tf.int64 or tf.string. Received: {key_dtype!r}. "
                 "Fix: cast int32 ids to tf.int64."
             )
         if tfra_kwargs.get("with_unique", True) is not True:
-            raise ValueError(
+            raise ArgumentError(
                 "Argument `with_unique` of DynamicEmbedding must be True (duplicate keys of a batch are "
                 f"looked up once and their gradients summed; without it they are wrong). Received: "
                 f"{tfra_kwargs['with_unique']!r}. Fix: drop the argument."

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from tf_psx import _checks, redaction as _redaction
 from tf_psx._tf import keras as _tf_keras
+from tf_psx.errors import ArgumentError
 from tf_psx.layers.common import serializable
 from tf_psx.layers.wire import as_wire_dtype, through_wire
 
@@ -63,11 +64,11 @@ def balanced_permutation(ids: np.ndarray, input_dim: int) -> np.ndarray:
     """
     ids = np.asarray(ids)
     if ids.dtype.kind not in "iu":
-        raise ValueError(f"Argument `ids` of balanced_permutation must be integers. Received dtype: {ids.dtype}.")
+        raise ArgumentError(f"Argument `ids` of balanced_permutation must be integers. Received dtype: {ids.dtype}.")
     ids = ids.astype(np.int64)
     bad = ids[(ids < 0) | (ids >= input_dim)]
     if bad.size:
-        raise ValueError(
+        raise ArgumentError(
             f"Argument `ids` of balanced_permutation must be in [0, input_dim={input_dim}); received id "
             f"{int(bad[0])}. {_RANGE_FIX}"
         )
@@ -131,7 +132,7 @@ class ShardedEmbedding(_keras.layers.Embedding):
                              fix="pass the vocabulary size, e.g. ShardedEmbedding(10_000, 16)")
         self.wire_dtype = as_wire_dtype(wire_dtype, type(self).__name__)
         if balance and input_dim > MAX_BALANCED_INPUT_DIM:
-            raise ValueError(
+            raise ArgumentError(
                 f"Argument `input_dim` of ShardedEmbedding must be <= {MAX_BALANCED_INPUT_DIM} with "
                 f"balance=True. Received: {input_dim}. Fix: pass balance=False, or use "
                 "tf_psx.layers.DynamicEmbedding for unbounded ids."

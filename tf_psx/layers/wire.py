@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tf_psx.errors import ArgumentError
+
 __all__ = ["WIRE_DTYPES", "as_wire_dtype", "through_wire"]
 
 WIRE_DTYPES = ("bfloat16", "float16")
@@ -22,7 +24,7 @@ def as_wire_dtype(value, owner: str):
     except TypeError:
         dtype = None
     if dtype is None or dtype.name not in WIRE_DTYPES:
-        raise ValueError(
+        raise ArgumentError(
             f"Argument `wire_dtype` of {owner} must be None, \"bfloat16\" or \"float16\". Received: {value!r}. "
             "Fix: pass wire_dtype=\"bfloat16\" (the float32 range at 8 bits of precision) or leave it None."
         )

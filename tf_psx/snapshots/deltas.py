@@ -47,6 +47,7 @@ import uuid
 import numpy as np
 import tensorflow as tf
 
+from tf_psx.errors import DataError
 from tf_psx.snapshots import store as _store
 
 __all__ = ["DeltaTracker", "Delta", "write_delta", "latest_delta", "variables_by_path", "apply_rows", "shards_of",
@@ -387,9 +388,9 @@ def latest_delta(snapshot_dir: str, base_step: int) -> Delta | None:
         try:
             manifest = json.loads(fs.read_bytes(fs.join(snapshot_dir, json_name)))
             if int(manifest["base_step"]) != base_step or int(manifest["step"]) != step:
-                raise ValueError(f"it names base step {manifest['base_step']} and step {manifest['step']}")
+                raise DataError(f"it names base step {manifest['base_step']} and step {manifest['step']}")
             if float(manifest.get("time", 0.0)) < base_time:
-                raise ValueError("it was written before its full snapshot: a leftover of an earlier run")
+                raise DataError("it was written before its full snapshot: a leftover of an earlier run")
             with np.load(io.BytesIO(fs.read_bytes(fs.join(snapshot_dir, npz_name)))) as loaded:
                 arrays = {name: loaded[name] for name in loaded.files}
             delta = Delta(fs.join(snapshot_dir, json_name), manifest, arrays)

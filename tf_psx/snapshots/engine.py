@@ -35,7 +35,7 @@ import tensorflow as tf
 from tf_psx import exact_updates as _exact_updates, optimizers as _optimizers, tables as _tables
 from tf_psx._tf import fit_hooks as _fit_hooks, keras as _tf_keras
 from tf_psx._tf import runtime as _runtime
-from tf_psx.errors import SnapshotDirectoryError
+from tf_psx.errors import ArgumentError, SnapshotDirectoryError
 from tf_psx.snapshots import deltas as _deltas, restore as _restore, store as _store
 
 __all__ = ["SnapshotEngine", "finish_snapshots_of"]
@@ -195,7 +195,7 @@ class SnapshotEngine:
             self.options = tf.train.CheckpointOptions(experimental_io_device=device)
         if self.delta_every_n_steps is not None and _tables.hash_table_layers(model):
             names = ", ".join(layer.name for layer in _tables.hash_table_layers(model))
-            raise ValueError(
+            raise ArgumentError(
                 f"PeriodicSync(delta_every_n_steps={self.delta_every_n_steps}) cannot write delta snapshots of model "
                 f"{model.name}: its DynamicEmbedding layers ({names}) are hash tables, which have no row index to "
                 "find the changed rows by. Fix: pass delta_every_n_steps=None (full snapshots only, e.g. more "

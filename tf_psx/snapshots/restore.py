@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from tf_psx import exact_updates as _exact_updates, tables as _tables
 from tf_psx._tf import checkpoint as _checkpoint, tfra as _tfra
+from tf_psx.errors import DataError
 from tf_psx.snapshots import deltas as _deltas, store as _store
 
 __all__ = ["restore_newest", "apply_newest_delta", "snapshots", "latest", "tfra_scratch_types"]
@@ -182,7 +183,7 @@ def restore_newest(store: _store.SnapshotStore, checkpoint: tf.train.Checkpoint,
                 cause = f"{type(error).__name__}: {_store.first_line(error)}"
             except ValueError as error:  # a tensor of another shape or dtype than the variable
                 what = f"a value of another shape or dtype ({_store.first_line(error)})"
-                raise ValueError(mismatch(snapshot, what, store.directory)) from error
+                raise DataError(mismatch(snapshot, what, store.directory)) from error
         if cause is not None:
             logger.warning("PeriodicSync: cannot read %s (%s); trying an older snapshot", snapshot.path, cause)
             continue
@@ -199,7 +200,7 @@ def restore_newest(store: _store.SnapshotStore, checkpoint: tf.train.Checkpoint,
         if missing:
             shown = ", ".join(missing[:_NAMES_SHOWN]) + (
                 f" and {len(missing) - _NAMES_SHOWN} more" if len(missing) > _NAMES_SHOWN else "")
-            raise ValueError(mismatch(
+            raise DataError(mismatch(
                 snapshot, f"{len(required) - len(missing)} of the {len(required)} variables and tables of this "
                 f"model and its optimizer; not in it: {shown}", store.directory))
         return snapshot
@@ -229,9 +230,9 @@ def apply_newest_delta(snapshot: Snapshot, model, tracker: _deltas.DeltaTracker,
         full = _deltas.full_shape(variable)
         shape, got = (full[1:], values.shape[1:]) if rows is not None else (full, values.shape)
         if tuple(shape) != tuple(got) or (rows is not None and rows.size and int(rows.max()) >= full[0]):
-            raise ValueError(mismatch(snapshot, f"a delta ({delta.path}) with {path} of shape "
-                                                f"{tuple(got)}{' per row' if rows is not None else ''} "
-                                                f"where this model has {tuple(full)}", directory))
+            raise DataError(mismatch(snapshot, f"a delta ({delta.path}) with {path} of shape "
+                                               f"{tuple(got)}{' per row' if rows is not None else ''} "
+                                               f"where this model has {tuple(full)}", directory))
         # Rows count across all shards: the delta restores onto any number of ps tasks.
         _deltas.apply_rows(variable, rows, values)
         tracker.mark_written(path, rows)
