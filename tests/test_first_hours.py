@@ -37,6 +37,18 @@ def test_known_noise_is_dropped_and_everything_comes_back_with_tf_psx_verbose(mo
     assert not _quiet.is_noise(noise)
 
 
+def test_a_traceback_is_never_filtered_even_when_it_quotes_noise(monkeypatch):
+    monkeypatch.delenv(_quiet.VERBOSE_ENV, raising=False)
+    noise = "Found source dataset of type _TensorSliceDataset. This type is not efficiently shardable"
+    lines = ["Unable to register cuDNN factory: ...", "Traceback (most recent call last):",
+             '  File "train.py", line 3, in <module>', f"    raise ValueError({noise!r})",
+             f"ValueError: {noise}", noise]
+    line_filter = _quiet.LineFilter()
+    kept = [line for line in lines if line_filter.keep(line)]
+    # The traceback whole, the noise before and after it dropped.
+    assert kept == lines[1:5]
+
+
 def test_the_tensorflow_logger_filter_keeps_errors():
     record = logging.LogRecord("tensorflow", logging.INFO, __file__, 1, "Reduce to /device:CPU:0 then broadcast to "
                                "('/replica:0/device:CPU:0',).", None, None)

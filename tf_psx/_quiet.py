@@ -56,6 +56,28 @@ def is_noise(line: str) -> bool:
     return not verbose() and NOISE.search(line) is not None
 
 
+class LineFilter:
+    """One stream's lines (a task's output): drops the known noise, never a line of a traceback.
+
+    From "Traceback (most recent call last):" to the exception's own line
+    (the first line that starts with no space), every line is kept, even one
+    whose text matches a noise pattern (an exception whose message quotes one).
+    """
+
+    def __init__(self):
+        self._in_traceback = False
+
+    def keep(self, line: str) -> bool:
+        if line.startswith("Traceback (most recent call last)"):
+            self._in_traceback = True
+            return True
+        if self._in_traceback:
+            if line[:1] not in ("", " ", "\t"):
+                self._in_traceback = False  # the exception line closes it
+            return True
+        return not is_noise(line)
+
+
 def quiet_cpp_logs() -> None:
     """TF's C++ INFO lines off unless the user set the level or asked for everything (before TF loads)."""
     if not verbose():

@@ -190,6 +190,20 @@ def test_streams_prefixed_output_keeps_logs_and_returns_the_chiefs_status(tmp_pa
 
 
 @pytest.mark.processes
+def test_an_error_in_a_task_reaches_the_terminal_in_full(tmp_path):
+    # The exception's message quotes a line that is known noise elsewhere: the
+    # echo filter still shows the whole traceback.
+    noise = "Found source dataset of type X. This type is not efficiently shardable"
+    script = f"def train():\n    raise ValueError({noise!r})\n\ntrain()\n"
+    with LaunchRun(["--workers", "1", "--ps", "1", "--log-dir", str(tmp_path)], [PY, "-c", script]) as run:
+        code = run.wait()
+    assert code == 1, run.output
+    chief = [line[len("[chief:0] "):] for line in run.lines if line.startswith("[chief:0] ")]
+    assert chief == ["Traceback (most recent call last):", '  File "<string>", line 4, in <module>',
+                     '  File "<string>", line 2, in train', f"ValueError: {noise}"], run.output
+
+
+@pytest.mark.processes
 @pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 128 + signal.SIGINT)])
 def test_a_signal_stops_every_task_and_the_status_is_the_chiefs(tmp_path, signum, status):
     with LaunchRun(["--workers", "1", "--ps", "1", "--log-dir", str(tmp_path)], [PY, "-c", SLEEPER]) as run:

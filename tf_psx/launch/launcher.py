@@ -187,6 +187,7 @@ class Launcher(RescaleMixin):
         self._out = out
         self._err = err
         self._lock = threading.Lock()
+        self._line_filters: dict[str, _quiet.LineFilter] = {}  # task name -> its echo filter
         self._signal: int | None = None
         self._tasks: dict[tuple[str, int], _supervisor.TaskProcess] = {}
         self.restarts = 0
@@ -515,7 +516,8 @@ class Launcher(RescaleMixin):
         return None if failed is None else self._give_up(failed, what)
 
     def _echo(self, task: _supervisor.TaskProcess, line: str) -> None:
-        if _quiet.is_noise(line):  # the task's log file keeps it
+        line_filter = self._line_filters.setdefault(task.name, _quiet.LineFilter())
+        if not line_filter.keep(line):  # known noise; the task's log file keeps it
             return
         with self._lock:
             self.out.write(f"[{task.name}] {line}\n")
