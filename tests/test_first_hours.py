@@ -24,6 +24,14 @@ pytestmark = pytest.mark.unit
 # Lines the quickstart may print with the default settings (measured after the noise filter: 14, of them
 # Keras's epoch lines and bars, tf_psx's notices and the result; 98 before).
 QUICKSTART_LINE_BUDGET = 30
+# The output of a notebook's sequence 2 -> 3 -> 2 workers in one process (three
+# fits of one epoch, verbose=2): measured 31 lines. What remains: TF's four
+# C++ lines at its import (CUDA/TensorRT registration, printed before any
+# Python runs), and TF's "Unable to close remote context" (3 lines per task
+# of the cluster left behind, at the next connection); before: ~1,000 lines.
+RESHAPE_LINE_BUDGET = 40
+# `tf-psx launch --workers 2 --ps 1` of the quickstart, one epoch: measured 17 lines.
+LAUNCH_LINE_BUDGET = 30
 
 
 def test_known_noise_is_dropped_and_everything_comes_back_with_tf_psx_verbose(monkeypatch):
@@ -146,6 +154,7 @@ def test_quickstart_is_quiet_and_runs_under_the_launcher(tmp_path):
                    [sys.executable, os.path.join("examples", "quickstart.py"), "--epochs", "1"]) as run:
         code = run.wait()
     assert code == 0, run.output[-3000:]
+    assert len(run.lines) <= LAUNCH_LINE_BUDGET, run.output
     assert "training on the cluster of TF_CONFIG" in run.output and "RESULT " in run.output, run.output[-3000:]
     assert "LocalCluster starts its own" not in run.output
     assert not any(_quiet.NOISE.search(line) for line in run.output.splitlines()), run.output[-3000:]
@@ -158,3 +167,16 @@ def test_export_verify_of_a_keras_file_says_what_it_expects(run, tmp_path):
     assert status == 2
     assert f"{path} is a Keras model file, not the directory tf_psx.export_serving writes" in err, err
     assert "Fix: export it with tf_psx.export_serving(tf.keras.models.load_model(" in err
+
+
+@pytest.mark.processes
+def test_a_notebook_that_changes_the_cluster_shape_stays_readable():
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", _quiet.VERBOSE_ENV)}
+    result = subprocess.run([sys.executable, os.path.join(REPO, "tests", "scripts", "reshape_cluster.py")],
+                            capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S, cwd=REPO, env=env, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert 'RESULT {"fits": 3}' in output
+    lines = output.splitlines()
+    assert len(lines) <= RESHAPE_LINE_BUDGET, output
+    assert not [line for line in lines if "Failed to remove function remotely" in line], output

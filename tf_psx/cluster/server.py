@@ -15,6 +15,7 @@ import faulthandler
 import os
 import signal
 import sys
+import time
 import threading
 
 from tf_psx import _checks
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tf_psx.server threads: intra_op={intra_op} inter_op="
           f"{effective.inter_op_parallelism_threads or 'TF default'}", flush=True)
     print(f"{READY_MARK} {config.task_type}:{config.task_index} pid={os.getpid()}", flush=True)
+    cpu_at_ready = time.process_time()
     while not stop.wait(SIGNAL_POLL_S):
         pass
     if info_path:
@@ -183,7 +185,10 @@ def main(argv: list[str] | None = None) -> int:
             pass
     # gRPC servers cannot be shut down cleanly in TF 2.16 ("Clean shutdown is
     # not currently implemented"); leaving the process releases the port.
-    print(f"tf_psx.server {config.task_type}:{config.task_index} stopping", flush=True)
+    # The CPU this task spent serving (steps on a worker, lookups and updates on a
+    # ps): a launched task that nothing used shows well under a second.
+    print(f"tf_psx.server {config.task_type}:{config.task_index} stopping "
+          f"(CPU {time.process_time() - cpu_at_ready:.1f} s since ready)", flush=True)
     os._exit(0)  # pylint: disable=protected-access
 
 
