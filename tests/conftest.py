@@ -67,14 +67,6 @@ def run_script(name: str, *args: str, env: dict | None = None, timeout: float = 
 TIERS = ("unit", "cluster", "processes")
 # Fixtures that put a test in the cluster tier.
 CLUSTER_FIXTURES = ("ps_strategy", "local_cluster")
-# Files that do not declare their tier yet (their owners add the pytestmark):
-# the names of their unit tests; their other tests are `cluster` if they take
-# a cluster fixture, else `processes`. An entry goes with the file's pytestmark.
-UNDECLARED_UNIT_TESTS = {
-    "test_exact_epochs.py": {"test_closed_form_reads_back_the_applications"},
-    "test_exact_updates.py": {"test_private_hooks_are_where_they_were_read", "test_iterations_swap_restores_the_counter"},
-    "test_sync.py": {"test_sync_with_no_worker_is_refused", "test_sync_switch_needs_a_condition"},
-}
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -117,12 +109,7 @@ def _declared_tier(item) -> str | None:
             raise ValueError(f"marked with two tiers at one level: {', '.join(tiers)}")
         if tiers:
             return tiers[0]
-    unit_tests = UNDECLARED_UNIT_TESTS.get(os.path.basename(str(item.path)))
-    if unit_tests is None:
-        return None
-    if item.originalname in unit_tests:
-        return "unit"
-    return "cluster" if _needs_cluster(item) else "processes"
+    return None
 
 
 def _tier_problem(item) -> str | None:

@@ -1,6 +1,6 @@
 """Runs `tf-psx launch` in a subprocess and follows its output (for the process-tier tests).
 
-Not a test module: tests/launch/test_launch.py, tests/test_chaos.py and
+Not a test module: tests/launch/test_launch.py, tests/launch/test_chaos.py and
 tests/cluster/test_multihost.py import it.
 """
 

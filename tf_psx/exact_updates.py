@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from tf_psx._tf import exact_updates as _door, keras as _tf_keras, lock_release as _lock_release
 from tf_psx._tf import shadows as _shadows, tfra as _tfra
+from tf_psx import step_once as _step_once
 from tf_psx.errors import TFRAOptimizerError
 
 logger = logging.getLogger("tf_psx")
@@ -58,6 +59,8 @@ _STATE_ATTR = "_tf_psx_update_locks"
 _STEPS_ATTR = "_tf_psx_local_steps"
 # Counter values to set when the counter is made (`restore_counter_later`).
 _PENDING_ATTR = "_tf_psx_pending_steps"
+# The lock of `iterations` (a step's token is recorded beside it): (lock, variable).
+_ITERATIONS_LOCK_ATTR = "_tf_psx_iterations_lock"
 # Row marks (`register_row_marks`): variable key -> bool [rows], set by every update of the variable.
 _MARKS_ATTR = "_tf_psx_row_marks"
 # Mutexes are shared by name on their ps task; the counter keeps two
@@ -156,15 +159,15 @@ def restore_counter_later(optimizer, name: str, value) -> None:
     optimizer.__dict__.setdefault(_PENDING_ATTR, {})[name] = int(value)
 
 
+def _scope_of(variable):
+    """The context in which a variable colocated with `variable` is made (on its ps task)."""
+    strategy = tf.distribute.get_strategy()
+    return lambda: strategy.extended.colocate_vars_with(variable)
+
+
 def _state_for(optimizer, variable):
     """The (lock, step counter) of `variable`, on its ps task."""
-    strategy = tf.distribute.get_strategy()
-    return _state(
-        optimizer,
-        _door.var_key(optimizer, variable),
-        lambda: strategy.extended.colocate_vars_with(variable),
-        variable.device,
-    )
+    return _state(optimizer, _door.var_key(optimizer, variable), _scope_of(variable), variable.device)
 
 
 def _on_variable_device(gradient, variable):
@@ -247,9 +250,49 @@ def _locked_update(original, optimizer, gradient, variable):
         _mark_rows(optimizer, gradient, variable)
 
     def update():
-        return _run_counted(optimizer, step, run)
+        # A step TF re-runs after a worker failure skips the variables its first attempt updated.
+        return _step_once.once(optimizer, _door.var_key(optimizer, variable), _scope_of(variable),
+                               lambda: _run_counted(optimizer, step, run), step.read_value)
 
     return _execute_unordered(lock, update, step)
+
+
+def _bump_iterations(optimizer):
+    """A function of `delta` that advances `optimizer.iterations` once per step token; None without a token."""
+    if _step_once.current() is None or not _strategy_wants_exact(optimizer):
+        return None
+    iterations = optimizer.iterations
+
+    def bump(delta):
+        entry = optimizer.__dict__.get(_ITERATIONS_LOCK_ATTR)
+        if entry is None or entry[1] is not iterations:
+            with tf.init_scope(), tf.device(iterations.device):
+                lock = tf.CriticalSection(shared_name=f"{_LOCK_PREFIX}_{next(_ids)}")
+            entry = optimizer.__dict__[_ITERATIONS_LOCK_ATTR] = (lock, iterations)
+
+        def update():
+            return _step_once.once(optimizer, "iterations", _scope_of(iterations),
+                                   lambda: iterations.assign_add(tf.cast(delta, iterations.dtype), read_value=True),
+                                   iterations.read_value)
+
+        return _execute_unordered(entry[0], update, iterations)
+
+    return bump
+
+
+def rerun_counts(optimizer) -> dict:
+    """What step tokens caught on this optimizer's variables since it was made (tf_psx.step_once).
+
+    Returns:
+      {"steps": re-run steps whose `iterations` bump was skipped (their first
+      attempt had counted), "updates": variable and table updates skipped
+      (applied by a first attempt), "unsure": look-ups that could not tell
+      (applied; a re-run more than `step_once.RING_SIZE` steps late)}.
+    """
+    everything = _step_once.counts(optimizer)
+    steps = _step_once.counts_of(optimizer, "iterations")
+    return {"steps": steps["skipped"], "updates": everything["skipped"] - steps["skipped"],
+            "unsure": everything["unsure"]}
 
 
 def install() -> None:
@@ -258,7 +301,7 @@ def install() -> None:
     The patch is inert unless the strategy in scope has `exact_updates`
     set (tf_psx.ParameterServerStrategy does by default).
     """
-    _door.install(_applies, _locked_update)
+    _door.install(_applies, _locked_update, _bump_iterations)
 
 
 # --- TFRA hash tables (written against TFRA 0.8.1's DynamicEmbeddingOptimizer) ---
@@ -361,7 +404,11 @@ def _tfra_locked_update(original, optimizer, gradient, shadow):
         with tf.control_dependencies(writes):
             return tf.identity(done)
 
-    return _execute_unordered(lock, update, step)
+    def once():
+        return _step_once.once(optimizer, f"tfra/{params.name}", lambda: tf.device(params.devices[0]), update,
+                               step.read_value)
+
+    return _execute_unordered(lock, once, step)
 
 
 def tfra_apply_gradients_fn(optimizer, tfra_fn):
@@ -402,7 +449,8 @@ def tfra_apply_gradients_fn(optimizer, tfra_fn):
                 distribution.extended.update(var, apply_one, args=(grad,), group=False)
         if optimizer.use_ema:
             _door.update_moving_average(optimizer, [var for _, var in grads_and_vars])
-        return optimizer.iterations.assign_add(1)
+        bump = _bump_iterations(optimizer)
+        return optimizer.iterations.assign_add(1) if bump is None else bump(1)
 
     return apply_gradients_fn
 

@@ -62,7 +62,7 @@ import weakref
 import tensorflow as tf
 
 from tf_psx._tf import exact_updates as _optimizer_door, runtime as _runtime, shadows as _shadows
-from tf_psx._tf import sync_training as _door, tfra as _tfra
+from tf_psx._tf import step_tokens as _tokens, sync_training as _door, tfra as _tfra
 from tf_psx.errors import SyncStepError
 
 # Indices into the state vector.
@@ -199,8 +199,14 @@ class _Applier:
         # The traced flush of these accumulators (SyncController.flush), made on first use.
         self.flush_function = None
 
-    def apply(self, count):
-        """Applies the mean of `count` accumulated gradients, then clears them; returns a tensor."""
+    def apply(self, count, version):
+        """Applies the mean of `count` accumulated gradients, then clears them; returns a tensor.
+
+        The apply carries `version` + 1 as its token (tf_psx.step_once): a
+        re-run of a step whose first attempt applied this version to some
+        variables and died before the state moved on skips those variables
+        and `iterations`, so each version is applied once per variable.
+        """
         optimizer = self.optimizer
         means = [accumulator.mean(count) for accumulator in self.accumulators]
         loads = [op for _, ops in means for op in ops]
@@ -208,7 +214,7 @@ class _Applier:
                           zip(means, self.accumulators)]
         with tf.control_dependencies(loads):
             rate = _door.learning_rate_update(optimizer)
-        with tf.control_dependencies(loads + rate):
+        with tf.control_dependencies(loads + rate), _tokens.tracing_with(version + 1, _tokens.SYNC):
             applied = self.original(self.distribution, grads_and_vars)
         with tf.control_dependencies([applied]):
             clears = [accumulator.clear() for accumulator in self.accumulators]
@@ -361,7 +367,7 @@ class SyncController:
 
     def _complete(self, s, arrived, applier, enable=None):
         """Applies `arrived` gradients and starts the next version; returns the new state."""
-        with tf.control_dependencies([applier.apply(arrived)]):
+        with tf.control_dependencies([applier.apply(arrived, tf.cast(s[_F_VERSION], tf.int64))]):
             new = _set(s, _F_VERSION, s[_F_VERSION] + 1)
             new = _set(new, _F_TAKEN, 0)
             new = _set(new, _F_ARRIVED, 0)

@@ -1,7 +1,7 @@
 """The TLS mesh: the plan of every task's tunnels, a task behind its TLS door, and the errors.
 
 A mesh of several tasks needs one host per task (every task's peers sit on
-the same loopback ports); that runs in tests/test_multihost.py, in network
+the same loopback ports); that runs in tests/cluster/test_multihost.py, in network
 namespaces. Here one task runs behind its door on this host's loopback.
 """
 

@@ -5,7 +5,7 @@ option, the value and the fix. Marked `processes`: real launches
 whose chief is a cheap command (no model), checking the streaming, the log
 files, the environment of the chief, the exit status, signal handling, worker
 restarts, giving up, and --isolate. The training chaos tests are in
-tests/test_chaos.py.
+tests/launch/test_chaos.py.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ has the closed form
     row_k = -lr * sum_{i=1..k} g / sqrt(a0 + i * g^2)
 
 whatever the order and the interleaving of the workers, so `k` is read off
-each row exactly (tests/test_exact_epochs.py inverts it). SGD would do too;
+each row exactly (tests/training/test_exact_epochs.py inverts it). SGD would do too;
 Adagrad is the optimizer the issue names.
 
 Inputs: arrays (shuffled each epoch by fit), a batched dataset, and the same

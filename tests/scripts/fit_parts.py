@@ -1,4 +1,4 @@
-"""The counting model of tests/test_fit_inputs.py: how many times `model.fit` read each example.
+"""The counting model of tests/training/test_fit_inputs.py: how many times `model.fit` read each example.
 
 The model is one embedding row per example id (ids 0..N-1), dim 1, zeros,
 and its loss is the row itself, weighted by the label's class weight: with

@@ -17,6 +17,7 @@ fails loudly when an upgrade moves one of them.
 | `fed_steps` | `ClusterCoordinator.schedule` given a step's batches, packed |
 | `fit_progress` | the `verbose=1` progress bar under a coordinator |
 | `exact_updates` | tf-keras's optimizer `_update_step` (runs tf_psx.exact_updates' locked update) |
+| `step_tokens` | the token of a scheduled step, the same in TF's re-runs of its closure |
 | `lock_release` | a CriticalSection's release out of TF's program-order chain |
 | `sync_training` | what tf_psx.sync_training patches: `strategy.run`, the apply, fit's tail flush |
 | `weights` | `Layer.set_weights` taking unsharded lists; `.keras` / `.h5` tables saved whole |

@@ -3,11 +3,13 @@
 The per-variable lock protocol itself is tf_psx.exact_updates; this module
 only reaches into tf-keras, and runs what its caller passes in:
 
-* `install(applies, locked_update)`: `_BaseOptimizer._update_step` and
+* `install(applies, locked_update, bump_iterations)`: `_BaseOptimizer._update_step` and
   `_update_step_xla` (`optimizers/optimizer.py`) call
   `locked_update(original, optimizer, gradient, variable)` when
   `applies(optimizer, variable)`; the XLA path then runs unjitted (a mutex
-  cannot be compiled).
+  cannot be compiled). `_distributed_apply_gradients_fn`'s
+  `self.iterations.assign_add(1)` runs `bump_iterations(optimizer)` when
+  that is not None (the step's token decides whether it counts).
 * `install_compile_hook(after_compile)`: `Model.compile` calls
   `after_compile(model)` once the model is compiled.
 * what the protocol reads: `_iterations` (swapped for a per-variable counter),
@@ -15,7 +17,7 @@ only reaches into tf-keras, and runs what its caller passes in:
   `_coalesced_children`, the EMA update, a legacy optimizer's `_momentum`,
   and the slots by tf-keras's naming.
 
-Written against tf-keras 2.16 and TF 2.16.2; tests/test_exact_updates.py
+Written against tf-keras 2.16 and TF 2.16.2; tests/training/test_exact_updates.py
 fails loudly if they move.
 """
 
@@ -36,7 +38,23 @@ def base_optimizer_class():
     return _tf_keras.keras().optimizers.Optimizer.__mro__[1]
 
 
-def install(applies, locked_update) -> None:
+class _CountedIterations:
+    """Stands in for `optimizer._iterations` during an apply: `assign_add` runs the caller's `bump`."""
+
+    def __init__(self, variable, bump):
+        self._variable, self._bump = variable, bump
+
+    def assign_add(self, delta, use_locking=None, name=None, read_value=True):  # pylint: disable=unused-argument
+        return self._bump(delta)
+
+    def __add__(self, other):  # tf-keras's EMA reads `self.iterations + 1`
+        return self._variable + other
+
+    def __getattr__(self, name):
+        return getattr(self._variable, name)
+
+
+def install(applies, locked_update, bump_iterations=None) -> None:
     """Routes tf-keras optimizer updates through `locked_update` where `applies` (once per process).
 
     Args:
@@ -45,6 +63,10 @@ def install(applies, locked_update) -> None:
       locked_update: `locked_update(original, optimizer, gradient, variable)`
         runs `original(optimizer, gradient, variable)` (tf-keras's own
         `_update_step`) under the lock and returns a tensor.
+      bump_iterations: `bump_iterations(optimizer)`, None or a function of
+        `delta` that advances `optimizer.iterations` and returns a tensor:
+        what `_distributed_apply_gradients_fn`'s final
+        `self.iterations.assign_add(1)` runs instead.
     """
     global _INSTALLED  # pylint: disable=global-statement
     with _install_lock:
@@ -69,6 +91,19 @@ def install(applies, locked_update) -> None:
         _update_step_xla.__wrapped__ = original_xla
         base._update_step = _update_step  # pylint: disable=protected-access
         base._update_step_xla = _update_step_xla  # pylint: disable=protected-access
+        if bump_iterations is not None:
+            optimizer_class = _tf_keras.keras().optimizers.Optimizer  # the class that defines it (a subclass of base)
+            original_apply = optimizer_class._distributed_apply_gradients_fn  # pylint: disable=protected-access
+
+            def _distributed_apply_gradients_fn(self, distribution, grads_and_vars, **kwargs):
+                bump = bump_iterations(self)
+                if bump is None:
+                    return original_apply(self, distribution, grads_and_vars, **kwargs)
+                with iterations_as(self, _CountedIterations(self.__dict__["_iterations"], bump)):
+                    return original_apply(self, distribution, grads_and_vars, **kwargs)
+
+            _distributed_apply_gradients_fn.__wrapped__ = original_apply
+            optimizer_class._distributed_apply_gradients_fn = _distributed_apply_gradients_fn  # pylint: disable=protected-access
         _INSTALLED = True
 
 

@@ -8,6 +8,17 @@ functions schedule `fn(iterator, ...)` on the coordinator, and
 with them as arguments instead: dense batches packed into one vector per
 dtype (`_Layout`), several batches of one execution stacked, the runner
 traced once per layout.
+
+Each scheduled step also gets a step token (tf_psx._tf.step_tokens), an
+int64 argument that is the same in every attempt TF makes of the closure.
+Where the runner traces tf-keras's step straight into itself
+(steps_per_execution=1, no TFRA shadows) the token is visible to the exact
+updates, which apply each token once per variable (tf_psx.step_once). Where
+the step runs through tf-keras's own train function (a loop over several
+batches, TFRA's shadows) the token is not passed in: a nested tf.function
+would capture the outer graph's argument, and the batches of one loop would
+share one token. A re-run there may apply a step's update twice where the
+first attempt got to (counted: `cluster/closure_retries`).
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tf_psx._tf import step_tokens as _step_tokens
 from tf_psx._tf.keras import wrapped_like
 
 # Layouts kept per input (one per batch shape seen: the full batches and a short last one).
@@ -154,7 +166,7 @@ def _shadows_in_use() -> bool:
 
 
 def _runner(fn, layout, stacked: bool):
-    """`fn(iterator, *rest)` made a function of the step's batches, traced once per (layout, stacked).
+    """`fn(iterator, *rest)` made a function of a step token and the step's batches, traced once per (layout, stacked).
 
     steps_per_execution=1: `fn`'s Python function reads the batch directly
     (no dataset built per step on the worker). Otherwise `fn`'s loop reads a
@@ -165,10 +177,11 @@ def _runner(fn, layout, stacked: bool):
     if key not in cache:
         python_function = getattr(fn, "python_function", None)
 
-        def run(batches, *rest):
+        def run(token, batches, *rest):
             if not stacked and not rest and python_function is not None and not _shadows_in_use():
                 batch = layout.unpack(batches) if layout is not None else batches
-                return python_function(_OneBatch(batch), *rest)
+                with _step_tokens.tracing_with(token, _step_tokens.STEP):
+                    return python_function(_OneBatch(batch), *rest)
             if stacked:
                 data = tf.data.Dataset.from_tensor_slices(batches)
                 if layout is not None:
@@ -209,7 +222,8 @@ def _schedule_fed(coordinator, schedule, fn, fed: FedIterator, rest: tuple):
             steps = len(group) if stacked else 1
             if rest:
                 args += (tf.constant(steps, tf.convert_to_tensor(rest[0]).dtype),)
-            result = schedule(coordinator, _runner(fn, layout, stacked), args=args)
+            token = tf.constant(_step_tokens.next_token(), tf.int64)
+            result = schedule(coordinator, _runner(fn, layout, stacked), args=(token,) + args)
     return result
 
 

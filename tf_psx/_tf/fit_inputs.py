@@ -68,6 +68,7 @@ from tf_keras.src.engine import data_adapter
 from tf_psx._tf import fed_steps as _fed_steps, fit_progress as _fit_progress
 from tf_psx._tf.keras import keras, wrapped_like
 from tf_psx._tf.runtime import is_parameter_server_strategy
+from tf_psx.errors import ArgumentError
 
 logger = logging.getLogger("tf_psx")
 
@@ -184,12 +185,12 @@ def _check_countable(dataset: tf.data.Dataset, steps, call: str) -> None:
     argument = _STEPS_ARGUMENT[call]
     if cardinality == int(tf.data.INFINITE_CARDINALITY) and steps is None:
         never = "its first epoch would never end" if call == "model.fit" else "it would never end"
-        raise ValueError(
+        raise ArgumentError(
             f"{call} got an infinite dataset and no `{argument}`: {never}. Received: {argument}=None. "
             f"Fix: pass {argument}=N (the batches of one {'epoch' if call == 'model.fit' else 'evaluation'}), "
             "or a finite dataset (no .repeat()).")
     if cardinality == 0:
-        raise ValueError(f"{call} got an empty dataset (0 batches). Fix: pass a dataset with at least one batch.")
+        raise ArgumentError(f"{call} got an empty dataset (0 batches). Fix: pass a dataset with at least one batch.")
 
 
 def _is_arrays(x, y) -> bool:

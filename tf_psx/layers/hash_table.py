@@ -125,7 +125,7 @@ class DynamicEmbedding(_keras.layers.Layer):
         up before the step, so two workers training one key lost an update
         (measured: 0.66 of the true SGD move with 2 workers). Checked
         against the closed form for SGD, momentum SGD, Adagrad, Adam and
-        LazyAdam with 2 and 3 workers (tests/test_exact_updates.py). The
+        LazyAdam with 2 and 3 workers (tests/training/test_exact_updates.py). The
         lock serialises the updates of one table (not of different tables).
       * A new key's Adagrad (or Ftrl) accumulator starts at the optimizer's
         `initial_accumulator_value`, as for a tf-keras variable; TFRA alone

@@ -20,6 +20,8 @@ import tf_psx
 from conftest import run_script
 from scripts import exact_epochs
 
+pytestmark = pytest.mark.processes
+
 
 def _applications(rows, grad: float) -> np.ndarray:
     return np.array([exact_epochs.applications(row, grad) for row in rows])
@@ -50,12 +52,14 @@ def _assert_exact(results: list[dict], inputs: set[str], epochs: int = 2) -> Non
             assert result["steps"] == epochs * result["batches"]
 
 
+@pytest.mark.unit
 def test_closed_form_reads_back_the_applications():
     for k in range(6):
         assert exact_epochs.applications(exact_epochs.closed_form(k)) == k
     assert exact_epochs.applications(exact_epochs.closed_form(2) + 0.01) == -1
 
 
+@pytest.mark.cluster
 def test_a_broken_input_fails_the_check(ps_strategy):
     # One batch read twice and another never: the check must see it (the session cluster: 1 worker).
     model = exact_epochs.build(ps_strategy, exact_epochs.BATCHES * exact_epochs.BATCH)
@@ -70,19 +74,45 @@ def test_a_broken_input_fails_the_check(ps_strategy):
         _assert_exact([result], {"dataset"}, epochs=1)
 
 
-@pytest.mark.processes
 def test_four_workers_async_train_every_example_once_per_epoch():
     _assert_exact(_results("--workers", "4", "--epochs", "2"), {"arrays", "dataset", "unknown"})
 
 
-@pytest.mark.processes
 def test_three_workers_sync_with_steps_per_execution_train_every_example_once_per_epoch():
     results = _results("--workers", "3", "--sync", "--epochs", "2", "--steps-per-execution", "3", "--batches", "42",
                        "--inputs", "arrays,dataset")
     _assert_exact(results, {"arrays", "dataset"})
 
 
-@pytest.mark.processes
 def test_a_3x_straggler_does_not_change_what_an_epoch_trains():
     _assert_exact(_results("--workers", "2", "--straggler", "--epochs", "2", "--inputs", "arrays,dataset"),
                   {"arrays", "dataset"})
+
+
+def _crash(workers: int) -> dict:
+    result = run_script("exact_crash.py", "--workers", str(workers), "--kills", "10", "--seed", str(workers),
+                        timeout=CRASH_TIMEOUT_S)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    return json.loads(line[len("RESULT "):])
+
+
+# One crash fit: ~2 min on 2 cores (a restarted worker takes ~10 s to be back).
+CRASH_TIMEOUT_S = 420
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [2, 3])
+def test_worker_kills_mid_step_apply_every_example_exactly_once(workers):
+    # A killer thread SIGKILLs a random worker at random times during one fit
+    # and restarts it; TF re-runs the killed worker's step elsewhere with the
+    # same batches and token. Without tokens (--no-tokens) a re-run step whose
+    # first attempt had reached the ps was applied twice (rows with 2).
+    result = _crash(workers)
+    assert not result["killer_errors"], result
+    assert len(result["kills"]) >= 2, result  # kills that hit the fit (each waits for the last restart: 14-40 s)
+    assert result["closure_retries"] >= 1, result
+    assert result["counts"] == {"1": result["rows"]}, result  # every row checked: applied exactly once
+    assert result["iterations"] == result["steps"], result
+    assert result["caught"]["unsure"] == 0, result

@@ -21,6 +21,8 @@ from tf_psx._tf import exact_updates as _exact_door
 
 from conftest import run_script
 
+pytestmark = pytest.mark.unit
+
 LAYERS = ("sharded", "stock", "dynamic")
 OPTIMIZERS = ("sgd", "sgd_momentum", "adagrad", "adam", "lazyadam", "psx_sgd", "psx_sgd_momentum")
 STEPS = 40
@@ -44,6 +46,7 @@ def _check(results: list[dict], expected_pairs: int) -> None:
             assert result["keys"] == result["keys_trained"], result
 
 
+@pytest.mark.processes
 def test_every_layer_and_optimizer_is_exact_with_two_workers():
     result = run_script(
         "exact_updates.py", "--layer", *LAYERS, "--optimizer", *OPTIMIZERS, "--workers", "2",
@@ -94,6 +97,7 @@ def test_iterations_swap_restores_the_counter():
     assert optimizer.iterations is counter
 
 
+@pytest.mark.cluster
 def test_one_worker_never_warns(ps_strategy, caplog):
     with ps_strategy.scope():
         model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])

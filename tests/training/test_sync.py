@@ -22,6 +22,8 @@ from tf_psx.errors import TFConfigError
 
 from conftest import run_script
 
+pytestmark = pytest.mark.processes
+
 # The bound on the weights of the sync run against the 1-worker run.
 EQUIVALENCE_TOLERANCE = 1e-5
 
@@ -90,7 +92,6 @@ def test_a_slot_that_never_arrives_is_reassigned_after_the_timeout():
     assert result["weight"] == [-0.5 * result["applied_steps"]] * 3, result
 
 
-@pytest.mark.processes
 def test_a_worker_killed_mid_fit_does_not_stop_sync_training():
     (result,) = _results(run_script("sync_failures.py", "kill"))
     assert result["epochs"] == 3, result
@@ -100,7 +101,6 @@ def test_a_worker_killed_mid_fit_does_not_stop_sync_training():
     assert result["worker1_alive"], result
 
 
-@pytest.mark.processes
 def test_all_workers_gone_raises_within_the_timeout():
     (result,) = _results(run_script("sync_failures.py", "gone"))
     assert result["error"] == "SyncStepError", result
@@ -124,6 +124,7 @@ def _data():
     return tf.data.Dataset.from_tensor_slices((x, np.ones(64, np.float32))).repeat().batch(8)
 
 
+@pytest.mark.cluster
 def test_sync_switch_changes_mode_inside_one_fit(local_cluster):
     strategy = tf_psx.ParameterServerStrategy(local_cluster, sync="switchable")
     model = _model(strategy)
@@ -141,6 +142,7 @@ def test_sync_switch_changes_mode_inside_one_fit(local_cluster):
     assert back.switched_at_epoch == 1 and not strategy.sync_stats()["enabled"]
 
 
+@pytest.mark.cluster
 def test_switching_while_a_snapshot_is_written_waits_for_it(local_cluster, tmp_path):
     strategy = tf_psx.ParameterServerStrategy(local_cluster, sync="switchable")
     model = _model(strategy)
@@ -154,6 +156,7 @@ def test_switching_while_a_snapshot_is_written_waits_for_it(local_cluster, tmp_p
     assert strategy.sync_stats()["applied_steps"] == 4
 
 
+@pytest.mark.cluster
 def test_a_snapshot_taken_in_sync_mode_resumes_in_async_mode(local_cluster, tmp_path):
     sync_strategy = tf_psx.ParameterServerStrategy(local_cluster, sync=True)
     model = _model(sync_strategy)
@@ -175,6 +178,7 @@ def test_a_snapshot_taken_in_sync_mode_resumes_in_async_mode(local_cluster, tmp_
     assert int(resumed.optimizer.iterations.numpy()) == 16
 
 
+@pytest.mark.cluster
 def test_sync_arguments_are_checked(local_cluster):
     with pytest.raises(ValueError, match=r"`replicas_to_aggregate` must be an int from 1 to the number of workers \(1\)"):
         tf_psx.ParameterServerStrategy(local_cluster, sync=True, replicas_to_aggregate=2)
@@ -194,12 +198,14 @@ def test_sync_arguments_are_checked(local_cluster):
                           callbacks=[tf_psx.callbacks.SyncSwitch(at_step=1)])
 
 
+@pytest.mark.unit
 def test_sync_with_no_worker_is_refused():
     tf_config = {"cluster": {"ps": ["127.0.0.1:1"], "chief": ["127.0.0.1:2"]}, "task": {"type": "chief", "index": 0}}
     with pytest.raises(TFConfigError, match="worker"):
         tf_psx.ParameterServerStrategy(tf_config, sync=True)
 
 
+@pytest.mark.unit
 def test_sync_switch_needs_a_condition():
     with pytest.raises(ValueError, match="SyncSwitch needs `at_step` or `patience`"):
         tf_psx.callbacks.SyncSwitch(to="sync")
