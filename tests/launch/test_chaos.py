@@ -180,20 +180,21 @@ def test_scale_two_to_four_to_one_workers_ends_at_the_exact_step(tmp_path):
         index, first = run.wait_for(START_RE)
         servers = {name: pid for name, pid in run.pids().items() if name in ("ps:0", "worker:0", "worker:1")}
         index, _ = run.wait_for(STEP_RE, start=index, predicate=lambda m: _step(m) >= EVERY + 5)
-        before = max(_step(m) for m in map(STEP_RE.match, run.lines[: index + 1]) if m)
         asked = _scale(tmp_path, 4)
         assert asked.returncode == 0 and "for 4 workers" in asked.stdout, asked.stderr
         index, _ = run.wait_for(r"^tf-psx launch: scaling from 2 to 4 workers", start=index)
         index, _ = run.wait_for(r"^\[worker:3\] tf_psx.server ready worker:3", start=index)
         index, second = run.wait_for(START_RE, start=index)
+        # The first chief trains until it is stopped: its last step is the last one printed before this start.
+        before = max(_step(m) for m in map(STEP_RE.match, run.lines[: index + 1]) if m)
         # The ps and the two workers that stay kept running; the chief was restarted.
         assert {name: run.pids()[name] for name in servers} == servers and len(servers) == 3
         assert int(second["pid"]) != int(first["pid"])
         index, _ = run.wait_for(STEP_RE, start=index, predicate=lambda m: _step(m) >= _step(second) + EVERY + 5)
-        before_second = max(_step(m) for m in map(STEP_RE.match, run.lines[: index + 1]) if m)
         assert _scale(tmp_path, 1).returncode == 0
         index, _ = run.wait_for(r"^tf-psx launch: scaling from 4 to 1 workers", start=index)
         index, third = run.wait_for(START_RE, start=index)
+        before_second = max(_step(m) for m in map(STEP_RE.match, run.lines[: index + 1]) if m)
         code = run.wait()
     assert code == 0, run.output
     # Each restart resumed from a snapshot and redid at most one interval.
