@@ -101,6 +101,9 @@ def _crash(workers: int) -> dict:
 CRASH_TIMEOUT_S = 420
 
 
+# Not reliable yet, so `make test` leaves it out (`make test-slow` runs it): measured
+# once 4 of 64,000 rows applied twice with 3 workers, and once a 2-worker run that
+# stalled past CRASH_TIMEOUT_S; other runs passed (every row once).
 @pytest.mark.processes
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [2, 3])
