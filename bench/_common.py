@@ -224,3 +224,77 @@ class Straggler:
         self._process.kill()
         self._process.wait()
         os.kill(self.pid, signal.SIGCONT)
+
+
+# --- The interleaved method (issue 30) ---
+#
+# Variants of one comparison run interleaved: every round runs each variant
+# once, in a fresh process, the order rotated by one each round (A B C, B C A,
+# C A B, ...), so that no variant always runs first or after the same one. A
+# ratio is taken per round (variant X over variant Y of the same round), and
+# reported as its median and spread (min-max). It is judged met only when its
+# whole spread is on the target's side, missed only when its whole spread is
+# on the other side; a spread that straddles the target is not judged.
+ROUNDS = 5
+
+
+def interleaved(script: str, variants: list[tuple], rounds: int = ROUNDS, timeout: float = CHILD_TIMEOUT_S,
+                log=print) -> dict:
+    """{variant: [child result per round]}: `rounds` rounds of `python SCRIPT --child *variant`, order rotated.
+
+    Args:
+      script: the benchmark script (its `--child ARGS` prints one JSON line).
+      variants: tuples of child arguments (converted to str).
+      rounds: how many times each variant runs.
+      timeout: seconds for one child.
+      log: called with one line per child run.
+    """
+    results: dict = {variant: [] for variant in variants}
+    for index in range(rounds):
+        shift = index % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
+            result = run_child(script, *(str(arg) for arg in variant), timeout=timeout)
+            results[variant].append(result)
+            log(f"round {index + 1}/{rounds} {' '.join(map(str, variant))}: "
+                + ", ".join(f"{key} {value:.4g}" for key, value in result.items() if isinstance(value, (int, float))))
+    return results
+
+
+def per_round(runs: list[dict], key: str) -> list[float]:
+    """The value of `key` in each round's result."""
+    return [float(run[key]) for run in runs]
+
+
+def ratios(top: list[dict], bottom: list[dict], key: str) -> list[float]:
+    """Per round: top's `key` over bottom's `key` (the two variants of the same round)."""
+    return [a / b for a, b in zip(per_round(top, key), per_round(bottom, key))]
+
+
+def judge(values: list[float], target: float, higher_is_better: bool) -> bool | None:
+    """True when every value meets `target`, False when none does, None when the spread straddles it."""
+    meets = [(v >= target) if higher_is_better else (v <= target) for v in values]
+    if all(meets):
+        return True
+    if not any(meets):
+        return False
+    return None
+
+
+def spread_text(values: list[float], digits: int = 3) -> str:
+    """"median (min-max, n rounds)"."""
+    import statistics  # pylint: disable=import-outside-toplevel
+
+    return (f"{statistics.median(values):.{digits}g} ({min(values):.{digits}g}-{max(values):.{digits}g}, "
+            f"{len(values)} rounds)")
+
+
+def ratio_row(metric: str, values: list[float], target: float | None = None, higher_is_better: bool = True) -> dict:
+    """A result row for a per-round ratio: median, spread, and the verdict of `judge` when there is a target."""
+    import statistics  # pylint: disable=import-outside-toplevel
+
+    row = {"metric": metric, "value": spread_text(values), "median": round(statistics.median(values), 4),
+           "spread": [round(min(values), 4), round(max(values), 4)], "rounds": [round(v, 4) for v in values]}
+    if target is not None:
+        row["target"] = f"{'>=' if higher_is_better else '<='} {target}"
+        row["ok"] = judge(values, target, higher_is_better)
+    return row

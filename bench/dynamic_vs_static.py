@@ -7,17 +7,21 @@ tf-keras Adam for the hash table, which is sparse by construction).
 ShardedEmbedding is split fixed:2; DynamicEmbedding puts one hash table on
 each ps. "DynamicEmbedding+policy" adds admission and eviction: min_count=2,
 max_rows=50_000 and TableEviction every 100 steps (so rows are evicted
-during the timed steps). Each variant runs in fresh processes, in
-alternating order over the rounds; ms/step is wall time per step of the
-whole cluster. Target (issue: hash tables for production): dynamic / static
-<= 1.3 with the policy off.
+during the timed steps). The interleaved method of bench/_common.py: every
+variant runs once per round in a fresh process, the order rotated each
+round; each ratio is taken per round and reported as median and spread
+(min-max). ms/step is wall time per step of the whole cluster, CPU ms/step
+that of the one process (coordinator and in-process servers).
+steps_per_execution=1. Target (issue 30): dynamic / static <= 1.3 with the
+policy off, judged only when the spread does not straddle it.
+
+`python bench/dynamic_vs_static.py [--rounds N] [--workers 1]`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -26,7 +30,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 NUM_IDS, DIM, IDS_PER_EXAMPLE, BATCH = 100_000, 32, 8, 256
 WARMUP_STEPS = 20
 TIMED_STEPS = 200
-ROUNDS = 2
 LAYERS = ("ShardedEmbedding", "DynamicEmbedding", "DynamicEmbedding+policy")
 WORKERS = (1, 2)
 TARGET = 1.3
@@ -38,7 +41,7 @@ def child(name: str, workers: str) -> None:
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from _common import time_fit  # pylint: disable=import-outside-toplevel
+    from _common import time_fit_cpu  # pylint: disable=import-outside-toplevel
 
     cluster = tf_psx.LocalCluster(num_workers=int(workers), num_ps=2).start()
     strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2")
@@ -65,45 +68,51 @@ def child(name: str, workers: str) -> None:
     def dataset_fn(_):
         return tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH).prefetch(2)
 
-    ms = time_fit(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, callbacks=callbacks)
-    print(json.dumps({"ms_per_step": ms}), flush=True)
+    ms, cpu = time_fit_cpu(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, {"process": os.getpid()},
+                           callbacks=callbacks)
+    print(json.dumps({"ms_per_step": ms, "cpu_ms_per_step": cpu["process"]}), flush=True)
     os._exit(0)  # pylint: disable=protected-access  (in-process servers cannot be stopped)
 
 
 def main() -> None:
-    from _common import run_child, write_result  # pylint: disable=import-outside-toplevel
+    import argparse  # pylint: disable=import-outside-toplevel
 
-    times: dict[str, list[float]] = {f"{name} {w}w": [] for w in WORKERS for name in LAYERS}
-    for round_index in range(ROUNDS):
-        for workers in WORKERS:
-            for name in LAYERS if round_index % 2 == 0 else LAYERS[::-1]:
-                ms = run_child(__file__, name, str(workers))["ms_per_step"]
-                times[f"{name} {workers}w"].append(ms)
-                print(f"round {round_index + 1}/{ROUNDS} {name} {workers}w: {ms:.1f} ms/step", flush=True)
-    med = {key: statistics.median(t) for key, t in times.items()}
+    from _common import ROUNDS, interleaved, per_round, ratio_row, spread_text, write_result  # pylint: disable=import-outside-toplevel
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--workers", type=int, nargs="*", default=list(WORKERS))
+    args = parser.parse_args()
+    variants = [(name, workers) for workers in args.workers for name in LAYERS]
+    runs = interleaved(__file__, variants, args.rounds)
     rows = []
-    for workers in WORKERS:
-        static, dynamic, policy = (med[f"{name} {workers}w"] for name in LAYERS)
-        ratio = dynamic / static
-        rows += [
-            {"metric": f"{workers} worker(s): ShardedEmbedding ms/step", "value": round(static, 2), "unit": "ms"},
-            {"metric": f"{workers} worker(s): DynamicEmbedding ms/step", "value": round(dynamic, 2), "unit": "ms"},
-            {"metric": f"{workers} worker(s): DynamicEmbedding / ShardedEmbedding", "value": round(ratio, 3),
-             "target": f"<= {TARGET}", "ok": ratio <= TARGET},
-            {"metric": f"{workers} worker(s): with min_count=2, max_rows=50k, eviction every 100 steps / without",
-             "value": round(policy / dynamic, 3)},
-        ]
-    print(json.dumps(med))
+    for workers in args.workers:
+        static, dynamic, policy = (runs[(name, workers)] for name in LAYERS)
+        for name, results in zip(LAYERS, (static, dynamic, policy)):
+            rows.append({"metric": f"{workers} worker(s): {name} ms/step (CPU ms/step)",
+                         "value": f"{spread_text(per_round(results, 'ms_per_step'))} "
+                                  f"(CPU {spread_text(per_round(results, 'cpu_ms_per_step'))})"})
+        rows.append(ratio_row(f"{workers} worker(s): DynamicEmbedding / ShardedEmbedding",
+                              _ratios(dynamic, static), TARGET, higher_is_better=False))
+        rows.append(ratio_row(f"{workers} worker(s): with min_count=2, max_rows=50k, eviction every 100 steps / "
+                              "without", _ratios(policy, dynamic)))
     write_result(
         "dynamic_vs_static",
-        f"`model.fit` ms/step (whole cluster), median of {ROUNDS} fresh processes each ({TIMED_STEPS} timed steps "
-        f"after {WARMUP_STEPS} warm-up steps); in-process LocalCluster with 1 or 2 workers and 2 ps; batch {BATCH} x "
+        f"`model.fit` ms/step (whole cluster) over {TIMED_STEPS} timed steps after {WARMUP_STEPS} warm-up steps, "
+        f"steps_per_execution=1; {args.rounds} interleaved rounds of fresh processes, ratios per round (median, "
+        f"min-max); in-process LocalCluster with 1 or 2 workers and 2 ps; batch {BATCH} x "
         f"{IDS_PER_EXAMPLE} ids per worker step, uniform over {NUM_IDS:,}, dim {DIM}, mean pooling + Dense(1); "
         "ShardedEmbedding (fixed:2, LazyAdam) against DynamicEmbedding (a TFRA table per ps, Adam), and "
         "DynamicEmbedding with min_count=2, max_rows=50,000 and TableEviction every 100 steps.",
         rows,
-        extra={"ms_per_step": times},
+        extra={" ".join(map(str, key)): value for key, value in runs.items()},
     )
+
+
+def _ratios(top, bottom):
+    from _common import ratios  # pylint: disable=import-outside-toplevel
+
+    return ratios(top, bottom, "ms_per_step")
 
 
 if __name__ == "__main__":
