@@ -2,18 +2,24 @@
 
 Setup (issue 3): LocalCluster with 1 worker and 2 ps (in-process), the
 embedding split fixed:2, batch 256 x 8 ids, dim 32, `model.fit` with
-steps_per_execution=1. Each (optimizer, rows) pair runs in a fresh process;
-the rounds alternate the order of the two sizes. Target: ratio 2M / 10k
-<= 1.2 for every optimizer that tf_psx recommends for embeddings
-(tf_psx.optimizers.LazyAdam and SGD, tf-keras Adagrad); stock tf-keras Adam
-and SGD are the baseline.
+steps_per_execution=1. The interleaved method of bench/_common.py: every
+(optimizer, rows) pair runs once per round in a fresh process, the order
+rotated each round; a round's ratio is its 2M run over its 10k run, reported
+as median and spread (min-max), judged only when the spread is on one side
+of the target. Target: ratio 2M / 10k <= 1.2 for every optimizer that
+tf_psx recommends for embeddings (tf_psx.optimizers.LazyAdam and SGD,
+tf-keras Adagrad). Stock tf-keras Adam and SGD are the baseline; a 2M-row
+step of theirs takes seconds, so they run only with `--with-stock` (one
+round), and otherwise their rows are kept from the last result file with
+that run's date.
+
+`python bench/vocab_scaling.py [--rounds N] [--with-stock]`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -23,7 +29,6 @@ SMALL_ROWS, LARGE_ROWS = 10_000, 2_000_000
 DIM, IDS_PER_EXAMPLE, BATCH = 32, 8, 256
 WARMUP_STEPS = 20
 TIMED_STEPS = 60
-ROUNDS = 2
 TARGET = 1.2
 # name -> (recommended for embeddings, builder source evaluated in the child)
 OPTIMIZERS = {
@@ -43,7 +48,7 @@ def child(name: str, rows: str) -> None:
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from _common import time_fit  # pylint: disable=import-outside-toplevel
+    from _common import time_fit_cpu  # pylint: disable=import-outside-toplevel
 
     rows = int(rows)
     cluster = tf_psx.LocalCluster(num_workers=1, num_ps=2).start()
@@ -61,46 +66,61 @@ def child(name: str, rows: str) -> None:
     def dataset_fn(_):
         return tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH).prefetch(2)
 
-    ms = time_fit(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS)
-    print(json.dumps({"ms_per_step": ms}), flush=True)
+    ms, cpu = time_fit_cpu(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, {"process": os.getpid()})
+    print(json.dumps({"ms_per_step": ms, "cpu_ms_per_step": cpu["process"]}), flush=True)
     os._exit(0)  # pylint: disable=protected-access  (in-process servers cannot be stopped)
 
 
 def main() -> None:
-    from _common import run_child, write_result  # pylint: disable=import-outside-toplevel
+    import argparse  # pylint: disable=import-outside-toplevel
 
-    times: dict[str, dict[int, list[float]]] = {name: {SMALL_ROWS: [], LARGE_ROWS: []} for name in OPTIMIZERS}
-    for round_index in range(ROUNDS):
-        sizes = [SMALL_ROWS, LARGE_ROWS] if round_index % 2 == 0 else [LARGE_ROWS, SMALL_ROWS]
-        for name in OPTIMIZERS:
-            for rows in sizes:
-                ms = run_child(__file__, name, str(rows))["ms_per_step"]
-                times[name][rows].append(ms)
-                print(f"round {round_index + 1}/{ROUNDS} {name} {rows} rows: {ms:.1f} ms/step", flush=True)
+    from _common import (  # pylint: disable=import-outside-toplevel
+        RESULTS_DIR, ROUNDS, interleaved, per_round, ratio_row, ratios, spread_text, write_result)
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--with-stock", action="store_true")
+    args = parser.parse_args()
+    recommended = [name for name, (yes, _) in OPTIMIZERS.items() if yes]
+    runs = interleaved(__file__, [(name, rows) for name in recommended for rows in (SMALL_ROWS, LARGE_ROWS)],
+                       args.rounds)
     rows_out = []
-    for name, (recommended, _) in OPTIMIZERS.items():
-        small, large = (statistics.median(times[name][r]) for r in (SMALL_ROWS, LARGE_ROWS))
-        ratio = large / small
-        print(f"{name}: {small:.1f} -> {large:.1f} ms/step, ratio {ratio:.2f}")
-        rows_out.append({
-            "metric": f"{name}: ms/step 10k -> 2M rows (ratio)",
-            "value": f"{small:.1f} -> {large:.1f} ({ratio:.2f}x)",
-            "target": f"<= {TARGET}x" if recommended else "baseline",
-            "ok": (ratio <= TARGET) if recommended else None,
-        })
+    for name in recommended:
+        small, large = runs[(name, SMALL_ROWS)], runs[(name, LARGE_ROWS)]
+        row = ratio_row(f"{name}: ms/step 2M / 10k rows", ratios(large, small, "ms_per_step"), TARGET,
+                        higher_is_better=False)
+        row["value"] += (f"; ms/step {spread_text(per_round(small, 'ms_per_step'))} -> "
+                         f"{spread_text(per_round(large, 'ms_per_step'))}; CPU ms/step "
+                         f"{spread_text(per_round(small, 'cpu_ms_per_step'))} -> "
+                         f"{spread_text(per_round(large, 'cpu_ms_per_step'))}")
+        rows_out.append(row)
+    stock = [name for name, (yes, _) in OPTIMIZERS.items() if not yes]
+    if args.with_stock:
+        base = interleaved(__file__, [(name, rows) for name in stock for rows in (SMALL_ROWS, LARGE_ROWS)], 1)
+        for name in stock:
+            small, large = base[(name, SMALL_ROWS)][0]["ms_per_step"], base[(name, LARGE_ROWS)][0]["ms_per_step"]
+            rows_out.append({"metric": f"{name}: ms/step 2M / 10k rows", "target": "baseline", "ok": None,
+                             "value": f"{large / small:.1f}x ({small:.1f} -> {large:.1f} ms/step, one round)"})
+    else:
+        with open(os.path.join(RESULTS_DIR, "vocab_scaling.json"), encoding="utf-8") as handle:
+            previous = json.load(handle)
+        for row in previous["rows"]:
+            if row.get("target") == "baseline":
+                row["value"] = str(row["value"]).split(" [kept from")[0] + f" [kept from the run of {previous['date']}]"
+                rows_out.append(row)
     write_result(
         "vocab_scaling",
-        f"`model.fit` ms/step at {SMALL_ROWS} and {LARGE_ROWS} rows, median of {ROUNDS} fresh processes each "
-        f"({TIMED_STEPS} timed steps after {WARMUP_STEPS} warm-up steps, the size order alternating by round); "
-        f"in-process LocalCluster with 1 worker and 2 ps, Embedding split fixed:2, batch {BATCH} x "
-        f"{IDS_PER_EXAMPLE} ids, dim {DIM}, mean pooling + Dense(1).",
+        f"`model.fit` ms/step at {SMALL_ROWS} and {LARGE_ROWS} rows; {args.rounds} interleaved rounds of fresh "
+        f"processes, the ratio 2M / 10k per round, median and spread (min-max) ({TIMED_STEPS} timed steps after "
+        f"{WARMUP_STEPS} warm-up steps, steps_per_execution=1); in-process LocalCluster with 1 worker and 2 ps, "
+        f"Embedding split fixed:2, batch {BATCH} x {IDS_PER_EXAMPLE} ids, dim {DIM}, mean pooling + Dense(1). "
+        "CPU ms/step is the one process's (coordinator and in-process servers).",
         rows_out,
-        extra={"ms_per_step": {name: {str(r): v for r, v in t.items()} for name, t in times.items()}},
+        extra={" ".join(map(str, key)): value for key, value in runs.items()},
     )
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3])
-    else:
-        main()
+    from _common import entry  # pylint: disable=import-outside-toplevel
+
+    entry(child, main, 2)
