@@ -106,19 +106,31 @@ def _cpu_ms(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
 
 
-def time_fit_cpu(model, dataset_fn, warmup_steps: int, timed_steps: int, pids: dict, callbacks=None):
-    """(ms per step, {name: CPU ms per step of process pids[name]}) over the timed steps, as `time_fit`."""
+def time_fit_cpu(model, dataset_fn, warmup_steps: int, timed_steps: int, pids: dict, callbacks=None, windows: int = 1):
+    """(ms per step, {name: CPU ms per step of process pids[name]}) over the timed steps, as `time_fit`.
+
+    With `windows` > 1 the timed steps are `windows` fits of `timed_steps`
+    each, and the window with the median wall time gives both numbers (one
+    slow window, a collection or a descheduled thread, does not move it);
+    the third value is every window's ms per step.
+    """
     import time  # pylint: disable=import-outside-toplevel
 
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     data = tf.keras.utils.experimental.DatasetCreator(dataset_fn)
     model.fit(data, epochs=1, steps_per_epoch=warmup_steps, verbose=0, callbacks=callbacks)
-    before = {name: _cpu_ms(pid) for name, pid in pids.items()}
-    start = time.perf_counter()
-    model.fit(data, epochs=1, steps_per_epoch=timed_steps, verbose=0, callbacks=callbacks)
-    ms = (time.perf_counter() - start) * 1000 / timed_steps
-    return ms, {name: (_cpu_ms(pid) - before[name]) / timed_steps for name, pid in pids.items()}
+    measured = []
+    for _ in range(windows):
+        before = {name: _cpu_ms(pid) for name, pid in pids.items()}
+        start = time.perf_counter()
+        model.fit(data, epochs=1, steps_per_epoch=timed_steps, verbose=0, callbacks=callbacks)
+        ms = (time.perf_counter() - start) * 1000 / timed_steps
+        measured.append((ms, {name: (_cpu_ms(pid) - before[name]) / timed_steps for name, pid in pids.items()}))
+    ms, cpu = sorted(measured, key=lambda pair: pair[0])[len(measured) // 2]
+    if windows == 1:
+        return ms, cpu
+    return ms, cpu, [round(pair[0], 3) for pair in measured]
 
 
 def logistic_model(num_rows: int, fields: int, learning_rate: float):
@@ -236,6 +248,8 @@ class Straggler:
 # whole spread is on the target's side, missed only when its whole spread is
 # on the other side; a spread that straddles the target is not judged.
 ROUNDS = 5
+# Timed windows per child (time_fit_cpu): the median window is the child's number.
+WINDOWS = 5
 
 
 def interleaved(script: str, variants: list[tuple], rounds: int = ROUNDS, timeout: float = CHILD_TIMEOUT_S,
@@ -298,3 +312,24 @@ def ratio_row(metric: str, values: list[float], target: float | None = None, hig
         row["target"] = f"{'>=' if higher_is_better else '<='} {target}"
         row["ok"] = judge(values, target, higher_is_better)
     return row
+
+
+def kept_rows(name: str, new_rows: list[dict]) -> list[dict]:
+    """The rows of the last bench/results/<name>.json whose metric `new_rows` lacks, marked with that run's date.
+
+    For a benchmark that re-measures a part of its comparisons: the rest
+    stay on the page, saying when they were measured.
+    """
+    path = os.path.join(RESULTS_DIR, f"{name}.json")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        previous = json.load(handle)
+    have = {row["metric"] for row in new_rows}
+    kept = []
+    for row in previous["rows"]:
+        if row["metric"] in have:
+            continue
+        value = str(row["value"]).split(" [kept from")[0]
+        kept.append(dict(row, value=f"{value} [kept from the run of {previous['date']}]"))
+    return kept

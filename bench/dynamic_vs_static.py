@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 NUM_IDS, DIM, IDS_PER_EXAMPLE, BATCH = 100_000, 32, 8, 256
 WARMUP_STEPS = 20
-TIMED_STEPS = 200
+TIMED_STEPS = 100  # per window; WINDOWS windows per child, the median one counts
 LAYERS = ("ShardedEmbedding", "DynamicEmbedding", "DynamicEmbedding+policy")
 WORKERS = (1, 2)
 TARGET = 1.3
@@ -41,7 +41,7 @@ def child(name: str, workers: str) -> None:
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from _common import time_fit_cpu  # pylint: disable=import-outside-toplevel
+    from _common import WINDOWS, time_fit_cpu  # pylint: disable=import-outside-toplevel
 
     cluster = tf_psx.LocalCluster(num_workers=int(workers), num_ps=2).start()
     strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2")
@@ -68,9 +68,9 @@ def child(name: str, workers: str) -> None:
     def dataset_fn(_):
         return tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH).prefetch(2)
 
-    ms, cpu = time_fit_cpu(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, {"process": os.getpid()},
-                           callbacks=callbacks)
-    print(json.dumps({"ms_per_step": ms, "cpu_ms_per_step": cpu["process"]}), flush=True)
+    ms, cpu, windows = time_fit_cpu(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, {"process": os.getpid()},
+                                    callbacks=callbacks, windows=WINDOWS)
+    print(json.dumps({"ms_per_step": ms, "cpu_ms_per_step": cpu["process"], "windows_ms": windows}), flush=True)
     os._exit(0)  # pylint: disable=protected-access  (in-process servers cannot be stopped)
 
 
@@ -98,8 +98,8 @@ def main() -> None:
                               "without", _ratios(policy, dynamic)))
     write_result(
         "dynamic_vs_static",
-        f"`model.fit` ms/step (whole cluster) over {TIMED_STEPS} timed steps after {WARMUP_STEPS} warm-up steps, "
-        f"steps_per_execution=1; {args.rounds} interleaved rounds of fresh processes, ratios per round (median, "
+        f"`model.fit` ms/step (whole cluster; a child's: the median of 5 windows of {TIMED_STEPS} steps after "
+        f"{WARMUP_STEPS} warm-up steps), steps_per_execution=1; {args.rounds} interleaved rounds of fresh processes, ratios per round (median, "
         f"min-max); in-process LocalCluster with 1 or 2 workers and 2 ps; batch {BATCH} x "
         f"{IDS_PER_EXAMPLE} ids per worker step, uniform over {NUM_IDS:,}, dim {DIM}, mean pooling + Dense(1); "
         "ShardedEmbedding (fixed:2, LazyAdam) against DynamicEmbedding (a TFRA table per ps, Adam), and "

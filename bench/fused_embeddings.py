@@ -23,9 +23,23 @@ the closure, the input, the head's variables on the ps); the time of the
 embeddings is the stage's time above that floor. Value bytes per step:
 the embedding values that travel between the worker and the ps per step
 (rows read plus gradients sent), counted from the batches (stock: every id of the batch, 4 bytes a value; fused: the distinct
-ids of the batch, 4 or 2 bytes a value). Every variant runs in a fresh
-process, in two rounds (the second in reverse order); ms/step is the mean
-of the rounds, and both are kept in the result's extra fields.
+ids of the batch, 4 or 2 bytes a value).
+
+Method (issue 30): the interleaved rounds of bench/_common.py, each variant
+in a fresh process, the order rotated each round; every ratio is taken per
+round and reported as median and spread (min-max), judged only when the
+spread is on one side of the target. Each variant runs at
+steps_per_execution 1 and 10 (TF's parameter-server tutorial advises
+steps_per_execution above 1 and a prefetching dataset; every dataset here
+ends in .prefetch(4)); the tuned setting is the one where stock is faster,
+and the targets are judged there. CPU ms per step of every process (the
+worker, the 2 ps tasks, the coordinator) beside wall time. By default the
+core comparison runs (1 worker, 26 features: whole model, embedding stage,
+floors); `--full` adds 2 workers, bf16, DynamicFeatureEmbeddings and 52 and
+104 features, at steps_per_execution=1; rows not re-run are kept from the
+last result file with their date.
+
+`python bench/fused_embeddings.py [--rounds N] [--full]`.
 """
 
 from __future__ import annotations
@@ -42,10 +56,10 @@ CRITEO_CARDINALITIES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93
                         14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
 CAP = 500_000
 DIM, DENSE, BATCH, HIDDEN = 16, 13, 512, (400, 400, 400)
-WARMUP_STEPS, TIMED_STEPS = 10, 200
-# Every variant runs once per round; round 2 runs them in the reverse order.
-ROUNDS = 2
+WARMUP_STEPS, TIMED_STEPS = 20, 100  # TIMED_STEPS per window; WINDOWS windows per child, the median counts
+SETTINGS = (1, 10)  # steps_per_execution
 TARGETS = {"stage": 2.5, "whole": 1.5}
+CPU_TARGET = 0.15  # the stage's CPU above the floor, fused / stock
 
 
 def cardinalities(num_features: int) -> list[int]:
@@ -83,7 +97,7 @@ def value_bytes(ids: dict, value_size: int, dedup: bool) -> float:
     return total / steps
 
 
-def build(variant: str, num_features: int):
+def build(variant: str, num_features: int, steps_per_execution: int = 1):
     """The model of `variant` in the current strategy's scope, its dataset_fn and its ids (a dict of arrays)."""
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -117,7 +131,7 @@ def build(variant: str, num_features: int):
             hidden = tf.keras.layers.Dense(width, activation="relu")(hidden)
         logit = tf.keras.layers.Dense(1)(hidden)
     model = tf.keras.Model(inputs, tf.keras.layers.Activation("sigmoid")(logit))
-    model.compile(tf.keras.optimizers.Adagrad(0.01), "binary_crossentropy")
+    model.compile(tf.keras.optimizers.Adagrad(0.01), "binary_crossentropy", steps_per_execution=steps_per_execution)
 
     def dataset_fn(_ctx):
         features = dict(ids, numeric=dense)
@@ -126,35 +140,34 @@ def build(variant: str, num_features: int):
     return model, dataset_fn, ids
 
 
-def child(variant: str, workers: str, num_features: str) -> None:
+def child(variant: str, workers: str, num_features: str, steps_per_execution: str) -> None:
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from _common import time_fit_cpu  # pylint: disable=import-outside-toplevel
+    from _common import WINDOWS, time_fit_cpu  # pylint: disable=import-outside-toplevel
 
     cluster = tf_psx.LocalCluster(num_workers=int(workers), num_ps=2, processes=True).start()
     try:
         strategy = tf_psx.ParameterServerStrategy(
             cluster, tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
         with strategy.scope():
-            model, dataset_fn, ids = build(variant, int(num_features))
+            model, dataset_fn, ids = build(variant, int(num_features), int(steps_per_execution))
         pids = dict(cluster.task_pids(), coordinator=os.getpid())
-        ms, cpu = time_fit_cpu(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, pids)
+        ms, cpu, windows = time_fit_cpu(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, pids, windows=WINDOWS)
     finally:
         cluster.stop()
     moved = 0.0 if variant.startswith("mlp_only") else value_bytes(ids, 2 if "bf16" in variant else 4,
                                                                    dedup=not variant.startswith("stock"))
     print(json.dumps({"ms_per_step": ms, "examples_per_s": 1000.0 * BATCH / ms, "value_bytes_per_step": moved,
-                      "cpu_ms_per_step": cpu}), flush=True)
+                      "cpu_ms_per_step": cpu, "windows_ms": windows}), flush=True)
 
 
-RUNS = [
-    ("stock", 1, 26), ("fused", 1, 26), ("fused_bf16", 1, 26), ("mlp_only", 1, 26),
-    ("stock", 2, 26), ("fused", 2, 26), ("fused_bf16", 2, 26),
-    ("dynamic", 1, 26), ("dynamic_stage", 1, 26),
-    ("stock_stage", 1, 26), ("fused_stage", 1, 26), ("mlp_only_stage", 1, 26),
-    ("stock_stage", 1, 52), ("fused_stage", 1, 52),
-    ("stock_stage", 1, 104), ("fused_stage", 1, 104),
+CORE = [(variant, 1, 26, spe) for spe in SETTINGS
+        for variant in ("stock", "fused", "mlp_only", "stock_stage", "fused_stage", "mlp_only_stage")]
+FULL = [
+    ("fused_bf16", 1, 26, 1), ("stock", 2, 26, 1), ("fused", 2, 26, 1), ("fused_bf16", 2, 26, 1),
+    ("dynamic", 1, 26, 1), ("dynamic_stage", 1, 26, 1),
+    ("stock_stage", 1, 52, 1), ("fused_stage", 1, 52, 1), ("stock_stage", 1, 104, 1), ("fused_stage", 1, 104, 1),
 ]
 IMAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "img", "fused_embeddings.png")
 
@@ -167,10 +180,10 @@ def plot(results: dict) -> None:
 
     fig, axis = plt.subplots(figsize=(6, 3.8))
     for variant in ("stock_stage", "fused_stage"):
-        points = sorted((f, r["examples_per_s"]) for (v, w, f), r in results.items() if v == variant)
+        points = sorted((f, r["examples_per_s"]) for (v, w, f, spe), r in results.items() if v == variant and spe == 1)
         axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=variant.replace("_", " "))
     axis.set_xlabel("categorical features")
-    axis.set_ylabel("examples/s (1 worker, 2 ps)")
+    axis.set_ylabel("examples/s (1 worker, 2 ps, steps_per_execution=1)")
     axis.set_xticks([26, 52, 104])
     axis.grid(True, alpha=0.3)
     axis.legend()
@@ -180,91 +193,106 @@ def plot(results: dict) -> None:
     fig.savefig(IMAGE, dpi=110)
 
 
+def _cpu(run: dict) -> float:
+    """CPU ms per step of every process of the run (worker(s), ps tasks, coordinator)."""
+    return sum(run["cpu_ms_per_step"].values())
+
+
 def main() -> None:
-    from _common import add_images, run_child, write_result  # pylint: disable=import-outside-toplevel
+    import argparse  # pylint: disable=import-outside-toplevel
+    import statistics  # pylint: disable=import-outside-toplevel
 
-    rounds: dict = {}
-    for index in range(ROUNDS):
-        for variant, workers, features in (RUNS if index % 2 == 0 else RUNS[::-1]):
-            result = run_child(__file__, variant, str(workers), str(features), timeout=900)
-            rounds.setdefault((variant, workers, features), []).append(result)
-            print(f"round {index + 1}: {variant} {workers}w {features}f: {result['examples_per_s']:.0f} ex/s "
-                  f"({result['ms_per_step']:.1f} ms/step), {result['value_bytes_per_step'] / 1e6:.2f} MB/step",
-                  flush=True)
-    results = {}
-    for key, runs in rounds.items():
-        ms = sum(run["ms_per_step"] for run in runs) / len(runs)
-        results[key] = {"ms_per_step": ms, "examples_per_s": 1000.0 * BATCH / ms,
-                        "value_bytes_per_step": runs[0]["value_bytes_per_step"],
-                        "rounds_ms_per_step": [round(run["ms_per_step"], 2) for run in runs],
-                        "cpu_ms_per_step": {name: sum(run["cpu_ms_per_step"][name] for run in runs) / len(runs)
-                                            for name in runs[0]["cpu_ms_per_step"]}}
+    from _common import (  # pylint: disable=import-outside-toplevel
+        ROUNDS, add_images, interleaved, kept_rows, per_round, ratio_row, ratios, spread_text, write_result)
 
-    def rate(variant, workers=1, features=26):
-        return results[(variant, workers, features)]["examples_per_s"]
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--full", action="store_true")
+    args = parser.parse_args()
+    variants = CORE + (FULL if args.full else [])
+    runs = interleaved(__file__, variants, args.rounds, timeout=900)
 
+    def ex(key):
+        return per_round(runs[key], "examples_per_s")
+
+    def median_ex(key):
+        return statistics.median(ex(key))
+
+    tuned = max(SETTINGS, key=lambda spe: median_ex(("stock", 1, 26, spe)))
     rows = []
-    for workers in (1, 2):
-        for variant in ("stock", "fused", "fused_bf16"):
-            r = results[(variant, workers, 26)]
-            rows.append({"metric": f"whole model, {workers} worker(s), {variant}: examples/s", "value": round(r["examples_per_s"])})
-        ratio = rate("fused", workers) / rate("stock", workers)
-        rows.append({"metric": f"whole model, {workers} worker(s): fused / stock", "value": round(ratio, 3),
-                     "target": f">= {TARGETS['whole']}", "ok": ratio >= TARGETS["whole"]})
-        rows.append({"metric": f"whole model, {workers} worker(s): fused bf16 / fused",
-                     "value": round(rate("fused_bf16", workers) / rate("fused", workers), 3)})
-    for scope, suffix in (("whole model", ""), ("embedding stage", "_stage")):
-        ratio = rate(f"dynamic{suffix}") / rate(f"stock{suffix}")
-        rows.append({"metric": f"{scope}, 1 worker: DynamicFeatureEmbeddings (one hash table) / stock", "value": round(ratio, 3),
-                     "target": ">= 1.0", "ok": ratio >= 1.0})
-    rows.append({"metric": "MLP alone (embeddings replaced by a constant), 1 worker: examples/s (the floor)",
-                 "value": round(rate("mlp_only"))})
-    floor = results[("mlp_only_stage", 1, 26)]["ms_per_step"]
-    rows.append({"metric": "embedding stage with the embeddings replaced by a constant, 1 worker: examples/s "
-                 "(the stage's floor)", "value": round(rate("mlp_only_stage"))})
-    above = {v: results[(v, 1, 26)]["ms_per_step"] - floor for v in ("stock_stage", "fused_stage")}
-    rows.append({"metric": "embedding stage, 26 features: ms/step above the floor, stock / fused",
-                 "value": f"{above['stock_stage']:.1f} / {above['fused_stage']:.1f}"})
-    if above["fused_stage"] > 0:
-        rows.append({"metric": "embedding stage, 26 features: stock / fused ms/step above the floor",
-                     "value": round(above["stock_stage"] / above["fused_stage"], 2)})
-    for features in (26, 52, 104):
-        ratio = rate("fused_stage", 1, features) / rate("stock_stage", 1, features)
-        rows.append({"metric": f"embedding stage, {features} features: stock / fused examples/s",
-                     "value": f"{rate('stock_stage', 1, features):.0f} / {rate('fused_stage', 1, features):.0f}"})
-        rows.append({"metric": f"embedding stage, {features} features: fused / stock", "value": round(ratio, 3),
-                     "target": f">= {TARGETS['stage']}" if features == 26 else None,
-                     "ok": ratio >= TARGETS["stage"] if features == 26 else None})
-    for variant in ("stock", "fused", "mlp_only", "stock_stage", "fused_stage", "mlp_only_stage"):
-        cpu = results[(variant, 1, 26)]["cpu_ms_per_step"]
-        ps = sum(value for name, value in cpu.items() if name.startswith("ps"))
-        rows.append({"metric": f"where the time goes, {variant} (1 worker, 26 features): CPU ms per step of the "
-                     "worker / the 2 ps tasks / the coordinator, against the wall ms per step",
-                     "value": f"{cpu['worker:0']:.1f} / {ps:.1f} / {cpu['coordinator']:.1f} (sum "
-                              f"{sum(cpu.values()):.1f}) against {results[(variant, 1, 26)]['ms_per_step']:.1f}"})
-    stock_bytes = results[("stock", 1, 26)]["value_bytes_per_step"]
-    for variant in ("stock", "fused", "fused_bf16"):
-        value = results[(variant, 1, 26)]["value_bytes_per_step"]
+    for spe in SETTINGS:
+        for variant in ("stock", "fused", "mlp_only", "stock_stage", "fused_stage", "mlp_only_stage"):
+            key = (variant, 1, 26, spe)
+            cpu = runs[key]
+            rows.append({"metric": f"steps_per_execution={spe}, {variant}: examples/s; CPU ms/step worker / 2 ps / "
+                                   "coordinator",
+                         "value": f"{spread_text(ex(key))}; CPU "
+                                  + " / ".join(f"{statistics.median(_split(r)[i] for r in cpu):.1f}" for i in range(3))})
+    rows.append(ratio_row("stock, steps_per_execution=10 / 1: examples/s (is the tutorial's setting faster?)",
+                          ratios(runs[("stock", 1, 26, 10)], runs[("stock", 1, 26, 1)], "examples_per_s")))
+    for spe in SETTINGS:
+        judged = spe == tuned
+        note = " (tuned)" if judged else ""
+        rows.append(ratio_row(f"whole model, steps_per_execution={spe}{note}: fused / stock examples/s",
+                              ratios(runs[("fused", 1, 26, spe)], runs[("stock", 1, 26, spe)], "examples_per_s"),
+                              TARGETS["whole"] if judged else None))
+        rows.append(ratio_row(f"embedding stage, steps_per_execution={spe}{note}: fused / stock examples/s",
+                              ratios(runs[("fused_stage", 1, 26, spe)], runs[("stock_stage", 1, 26, spe)],
+                                     "examples_per_s"), TARGETS["stage"] if judged else None))
+        above = []
+        for stock, fused, floor in zip(*(runs[(v, 1, 26, spe)] for v in ("stock_stage", "fused_stage", "mlp_only_stage"))):
+            stock_above, fused_above = _cpu(stock) - _cpu(floor), _cpu(fused) - _cpu(floor)
+            above.append(fused_above / stock_above if stock_above > 0 else float("inf"))
+        rows.append(ratio_row(f"embedding stage, steps_per_execution={spe}{note}: CPU ms/step above the floor "
+                              "(all processes), fused / stock", above, CPU_TARGET if judged else None,
+                              higher_is_better=False))
+    results = {key: {"examples_per_s": median_ex(key), "ms_per_step": statistics.median(per_round(value, "ms_per_step")),
+                     "value_bytes_per_step": value[0]["value_bytes_per_step"]} for key, value in runs.items()}
+    stock_bytes = results[("stock", 1, 26, 1)]["value_bytes_per_step"]
+    for variant in ("stock", "fused"):
+        value = results[(variant, 1, 26, 1)]["value_bytes_per_step"]
         rows.append({"metric": f"{variant}: embedding value bytes per step (rows + gradients)",
                      "value": f"{value / 1e6:.3f} MB ({value / stock_bytes:.3f}x stock)"})
-    plot(results)
+    if args.full:
+        for workers in (1, 2):
+            rows.append(ratio_row(f"whole model, {workers} worker(s), steps_per_execution=1: fused bf16 / fused",
+                                  ratios(runs[("fused_bf16", 1 if workers == 1 else 2, 26, 1)],
+                                         runs[("fused", workers, 26, 1)], "examples_per_s")))
+        rows.append(ratio_row("whole model, 2 workers, steps_per_execution=1: fused / stock",
+                              ratios(runs[("fused", 2, 26, 1)], runs[("stock", 2, 26, 1)], "examples_per_s")))
+        rows.append(ratio_row("whole model, 1 worker: DynamicFeatureEmbeddings (one hash table) / stock",
+                              ratios(runs[("dynamic", 1, 26, 1)], runs[("stock", 1, 26, 1)], "examples_per_s")))
+        for features in (52, 104):
+            rows.append(ratio_row(f"embedding stage, {features} features: fused / stock",
+                                  ratios(runs[("fused_stage", 1, features, 1)], runs[("stock_stage", 1, features, 1)],
+                                         "examples_per_s")))
+        plot(results)
+    rows += kept_rows("fused_embeddings", rows)
     path = write_result(
         "fused_embeddings",
         f"Criteo-shaped model: 26 categorical features (Criteo cardinalities capped at {CAP:,}; numpy zipf(1.1) ids), "
-        f"{DENSE} dense, dim {DIM}, MLP {'-'.join(map(str, HIDDEN))}, Adagrad, batch {BATCH} per worker step; "
-        "LocalCluster with 2 ps task processes and 1 or 2 worker task processes; examples/s over "
-        f"{TIMED_STEPS} steps after {WARMUP_STEPS} warm-up steps, one fresh process per variant, mean of {ROUNDS} "
-        "rounds (the second in reverse order). stock = 26 "
-        "tf.keras.layers.Embedding with TF's FixedShardsPartitioner(2); fused = one FeatureEmbeddings. "
-        "Embedding stage = the same without the MLP (embeddings summed into the logit); its floor = the stage with "
-        "the embeddings replaced by a constant.",
+        f"{DENSE} dense, dim {DIM}, MLP {'-'.join(map(str, HIDDEN))}, Adagrad, batch {BATCH} per worker step, "
+        "dataset .prefetch(4); LocalCluster with 2 ps task processes and 1 (or 2) worker task processes and the "
+        f"coordinator: 4 processes on the machine's cores; a child's examples/s from the median of 5 windows of "
+        f"{TIMED_STEPS} steps after {WARMUP_STEPS} warm-up steps; {args.rounds} interleaved rounds of fresh processes, ratios per round "
+        f"(median, min-max); steps_per_execution 1 and 10, targets judged at the tuned one ({tuned}: stock's "
+        "faster). stock = 26 tf.keras.layers.Embedding with TF's FixedShardsPartitioner(2); fused = one "
+        "FeatureEmbeddings. Embedding stage = the same without the MLP (embeddings summed into the logit); its "
+        "floor = the stage with the embeddings replaced by a constant.",
         rows,
-        extra={f"{v} {w}w {f}f": r for (v, w, f), r in results.items()},
+        extra={" ".join(map(str, key)): value for key, value in runs.items()},
     )
-    add_images(path, ["img/fused_embeddings.png"])
+    if args.full:
+        add_images(path, ["img/fused_embeddings.png"])
+
+
+def _split(run: dict) -> tuple:
+    """(worker, the ps tasks, coordinator) CPU ms per step of a 1-worker run."""
+    cpu = run["cpu_ms_per_step"]
+    return (cpu["worker:0"], sum(v for k, v in cpu.items() if k.startswith("ps")), cpu["coordinator"])
 
 
 if __name__ == "__main__":
     from _common import entry  # pylint: disable=import-outside-toplevel
 
-    entry(child, main, 3)
+    entry(child, main, 4)

@@ -25,8 +25,19 @@ Every number here comes from `make bench` (or one script in `bench/`), which
 writes `bench/results/<name>.json`; this page is regenerated from those files
 by `bench/report.py`. Speed targets are ratios measured side by side in one
 run; the absolute numbers are from the machine named in each section (2
-cores, no GPU). "met: -" means not judged: no target, or a ratio whose
-spread over rounds straddles its target.
+cores, no GPU).
+
+**Method.** The benchmarks whose setup says "interleaved rounds"
+(`fused_embeddings`, `dynamic_vs_static`, `vocab_scaling`, `snapshot_stall`)
+run every variant of a comparison once per round, each in a fresh process,
+the order rotated by one each round (A B C, B C A, C A B, ...). A ratio is
+taken within each round and reported as its median and spread (min-max over
+the rounds); it is judged met or missed only when the whole spread is on one
+side of the target, and "met: -" otherwise (or when there is no target).
+CPU ms per step of each process is reported beside wall time where the
+setup says so. The other benchmarks still use the method their setup
+states. Every benchmark runs `model.fit` with `steps_per_execution=1`
+unless its setup names another value.
 """
 
 # name -> (the question it answers, substring of the headline metric, why a
@@ -165,8 +176,11 @@ def _summary(records: dict) -> str:
         if judged:
             result += f" ({len(judged) - len(missed)} of {len(judged)} targets met)"
         met = _met(row) if row else "-"
+        reason = why if missed else ""
+        if row.get("target") and row.get("ok") is None and "spread" in row:
+            reason = "Not judged: the spread over rounds straddles the target. " + reason
         lines.append(f"| [{name}](#{name}) | {question} | {result} | {row.get('target') or '-'} | {met} | "
-                     f"{why if missed else ''} |\n")
+                     f"{reason.strip()} |\n")
     return "".join(lines)
 
 

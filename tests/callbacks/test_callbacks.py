@@ -316,11 +316,18 @@ def test_one_worker_has_no_staleness_and_the_monitor_writes_every_tag(ps_strateg
     assert history.history["staleness_max"] == [0, 0]
     assert history.history["staleness_mean"] == [0.0, 0.0]
     assert history.history["dropped_gradients"] == [0, 0]
+    assert "steps_rerun" not in history.history  # no worker failed
     assert bound.histogram[0] == epochs * steps and bound.histogram[1:].sum() == 0
     assert int(model.optimizer.iterations.numpy()) == epochs * steps
     # steps_per_execution=2, snapshots every 4 steps: at 4, 8 and 12 (the end).
     assert [s.step for s in cb.PeriodicSync.snapshots(tmp_path / "snap")] == [4, 8, 12]
     assert len(sync.snapshot_seconds) == 3 and min(sync.snapshot_seconds) > 0
+    # Each snapshot's seconds split into barrier, waiting for a previous write, and the write; nothing else.
+    assert [split["step"] for split in sync.snapshot_splits] == [4, 8, 12]
+    for seconds, split in zip(sync.snapshot_seconds, sync.snapshot_splits):
+        parts = split["barrier"] + split["previous_write"] + split["write"]
+        assert split["previous_write"] < 0.05  # synchronous: nothing in flight
+        assert abs(parts - seconds) < 0.05 and min(split["barrier"], split["write"]) > 0
 
     events = _events(tmp_path / "logs")
     expected = {"throughput/examples_per_sec", "throughput/step_time_ms", "sparsity/static", "sparsity/dyn",

@@ -115,8 +115,8 @@ def main(argv=None) -> int:
         retries = tf_psx._tf.runtime.closure_retries(strategy.coordinator)  # pylint: disable=protected-access
         start = time.monotonic()
         try:
-            model.fit(ids, np.zeros(count, np.float32), batch_size=BATCH, epochs=1, shuffle=True, verbose=0,
-                      callbacks=[_Started(running)])
+            history = model.fit(ids, np.zeros(count, np.float32), batch_size=BATCH, epochs=1, shuffle=True,
+                                verbose=0, callbacks=[_Started(running)])
         finally:
             killer.finish(RESTART_WAIT_S)
         seconds = time.monotonic() - start
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
             "kills": killer.log, "killer_errors": killer.errors,
             "counts": {str(k): v for k, v in sorted(collections.Counter(applied).items())},
             "iterations": int(model.optimizer.iterations.numpy()), "steps": args.batches,
-            "closure_retries": retries.count,
+            "closure_retries": retries.count, "steps_rerun": history.history.get("steps_rerun"),
             "caught": tf_psx.exact_updates.rerun_counts(model.optimizer),
         }), flush=True)
     return 0

@@ -116,6 +116,7 @@ def test_worker_kills_mid_step_apply_every_example_exactly_once(workers):
     assert not result["killer_errors"], result
     assert len(result["kills"]) >= 2, result  # kills that hit the fit (each waits for the last restart: 14-40 s)
     assert result["closure_retries"] >= 1, result
+    assert result["steps_rerun"] == [result["closure_retries"]], result  # reported in History, never silent
     assert result["counts"] == {"1": result["rows"]}, result  # every row checked: applied exactly once
     assert result["iterations"] == result["steps"], result
     assert result["caught"]["unsure"] == 0, result

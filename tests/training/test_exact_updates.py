@@ -104,3 +104,36 @@ def test_one_worker_never_warns(ps_strategy, caplog):
         model.compile(tf.keras.optimizers.legacy.Adam(), "mse")
     assert _exact_updates.inexact_reason(model.optimizer, ps_strategy) is None
     assert ps_strategy.exact_updates is True
+
+
+def test_rerun_report_warns_per_epoch_and_fills_history_only_after_failures(caplog):
+    from tf_psx._tf.fit_progress import RerunReport  # pylint: disable=import-outside-toplevel
+
+    class Retries:  # the coordinator's counter of re-queued closures (tf_psx._tf.runtime.closure_retries)
+        count = 5
+
+    class History:
+        history = {"loss": [1.0, 0.5, 0.25]}
+
+    model = tf.keras.Sequential()
+    model.history = History()
+    report = RerunReport(Retries)
+    report.set_model(model)
+    with caplog.at_level("WARNING", logger="tf_psx"):
+        for epoch, reruns in enumerate([0, 2, 1]):
+            report.on_epoch_begin(epoch)
+            Retries.count += reruns
+            report.on_epoch_end(epoch)
+    report.on_train_end()
+    assert model.history.history["steps_rerun"] == [0, 2, 1]
+    warnings = [record.getMessage() for record in caplog.records]
+    assert len(warnings) == 2 and warnings[0].startswith("Epoch 2: 2 step(s) ran again after a worker failure")
+    assert warnings[1].startswith("Epoch 3: 1 step(s)")
+
+    quiet = RerunReport(Retries)
+    model.history.history = {"loss": [1.0]}
+    quiet.set_model(model)
+    quiet.on_epoch_begin(0)
+    quiet.on_epoch_end(0)
+    quiet.on_train_end()
+    assert model.history.history == {"loss": [1.0]}  # no failure: Keras's History keys unchanged

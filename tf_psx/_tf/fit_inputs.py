@@ -67,7 +67,7 @@ from tf_keras.src.engine import data_adapter
 
 from tf_psx._tf import fed_steps as _fed_steps, fit_progress as _fit_progress
 from tf_psx._tf.keras import keras, wrapped_like
-from tf_psx._tf.runtime import is_parameter_server_strategy
+from tf_psx._tf.runtime import closure_retries, is_parameter_server_strategy
 from tf_psx.errors import ArgumentError
 
 logger = logging.getLogger("tf_psx")
@@ -373,6 +373,9 @@ def install() -> None:
                 arguments.update(x=_weighted_creator(x, class_weight), class_weight=None)
             setattr(self, _CALL_ATTR, "model.fit")
             try:
+                # The strategy's one coordinator (fit itself makes it otherwise).
+                coordinator = _cluster_coordinator.ClusterCoordinator(self.distribute_strategy)
+                arguments = _fit_progress.with_rerun_report(arguments, closure_retries(coordinator))
                 return original_fit(self, **_fit_progress.with_progbar(arguments), **extra)
             finally:
                 setattr(self, _CALL_ATTR, None)

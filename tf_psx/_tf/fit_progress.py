@@ -94,3 +94,52 @@ def with_progbar(arguments: dict, count_mode: str = "steps") -> dict:
     else:
         changed["callbacks"] = list(callbacks or []) + [CoordinatorProgbar(count_mode)]
     return changed
+
+
+class RerunReport(keras().callbacks.Callback):
+    """Says when steps of an epoch ran again after a worker failure (never silent).
+
+    TF's coordinator re-runs a closure whose worker failed
+    (tf_psx._tf.runtime.closure_retries counts them). At the end of an epoch
+    with re-runs this logs a warning, and at the end of a fit with any,
+    `history.history["steps_rerun"]` holds the count of every epoch (a fit
+    without failures keeps Keras's History keys unchanged). Whether a re-run
+    step's update was applied once is what the exact updates' step tokens
+    decide; `tf_psx.exact_updates.rerun_counts(model.optimizer)` counts the
+    updates they skipped.
+    """
+
+    def __init__(self, retries):
+        super().__init__()
+        self._retries = retries
+        self._start = 0
+        self.by_epoch: list[int] = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = self._retries.count
+
+    def on_epoch_end(self, epoch, logs=None):
+        count = self._retries.count - self._start
+        self.by_epoch.append(count)
+        if count:
+            import logging  # pylint: disable=import-outside-toplevel
+
+            logging.getLogger("tf_psx").warning(
+                "Epoch %d: %d step(s) ran again after a worker failure (the coordinator re-runs a failed worker's "
+                "step on another worker). tf_psx.exact_updates.rerun_counts(model.optimizer) counts the updates "
+                "skipped as already applied; history.history['steps_rerun'] holds the count per epoch.",
+                epoch + 1, count)
+
+    def on_train_end(self, logs=None):
+        history = getattr(self.model, "history", None)
+        if any(self.by_epoch) and hasattr(history, "history"):
+            history.history["steps_rerun"] = list(self.by_epoch)
+
+
+def with_rerun_report(arguments: dict, retries) -> dict:
+    """`arguments` of a fit with a `RerunReport` over the retry counter `retries` among its callbacks."""
+    callbacks = arguments.get("callbacks")
+    if isinstance(callbacks, keras().callbacks.CallbackList):
+        callbacks.append(RerunReport(retries))
+        return arguments
+    return dict(arguments, callbacks=list(callbacks or []) + [RerunReport(retries)])

@@ -109,6 +109,10 @@ class PeriodicSync(_RunCallback):
     Attributes:
       restored: the `Snapshot` restored when the last fit started, or None.
       snapshot_seconds: seconds of each snapshot this callback wrote.
+      snapshot_splits: where each snapshot's seconds went: {"step",
+        "barrier", "previous_write" (waiting for a background write still in
+        flight), "write" (the write; with background=True the copy on the
+        ps tasks and the start of the write)}.
       delta_seconds: seconds of each delta (barrier, finding the rows, write).
       delta_rows: rows of the large variables in each delta.
       delta_tracking: how the changed rows of each large variable are found
@@ -191,6 +195,11 @@ class PeriodicSync(_RunCallback):
         self._last_saved = -1
         self._engine = SnapshotEngine(self.directory, self.max_to_keep, background=self.background,
                                       delta_every_n_steps=self.delta_every_n_steps, delta_rows_by=self.delta_rows_by)
+
+    @property
+    def snapshot_splits(self) -> list[dict]:
+        """Where each full snapshot's seconds went (see the class's Attributes)."""
+        return list(self._engine.splits)
 
     # -- finding snapshots (usable without a model) ---------------------------
 

@@ -164,6 +164,9 @@ class SnapshotEngine:
         self.delta_tracking: dict[str, str] = {}
         self._background = background
         self._pending: _BackgroundCommit | None = None  # the thread finishing the last background snapshot
+        # Per full snapshot, where its seconds went: {"step", "barrier", "previous_write" (waiting for the
+        # background write still in flight), "write" (synchronous: the whole write; background: the copy)}.
+        self.splits: list[dict] = []
 
     # -- the start of a fit ---------------------------------------------------
 
@@ -298,6 +301,7 @@ class SnapshotEngine:
         self.barrier()
         barrier = time.perf_counter() - start
         self.finish_pending()
+        waited = time.perf_counter() - start - barrier
         if self.writes:
             manifest = {**position, "seconds": time.perf_counter() - start}
             if self._background:
@@ -315,7 +319,10 @@ class SnapshotEngine:
                                      step_in_epoch=manifest["step_in_epoch"],
                                      steps_per_epoch=manifest["steps_per_epoch"], seconds=0.0)
         seconds = time.perf_counter() - start
-        logger.info("PeriodicSync: snapshot of step %d in %.2f s (barrier %.2f s)", step, seconds, barrier)
+        self.splits.append({"step": step, "barrier": barrier, "previous_write": waited,
+                            "write": seconds - barrier - waited})
+        logger.info("PeriodicSync: snapshot of step %d in %.2f s (barrier %.2f s, waiting for the previous "
+                    "background write %.2f s)", step, seconds, barrier, waited)
         return seconds
 
     def delta(self, step: int, position: dict) -> tuple[float, int]:
