@@ -29,8 +29,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 NUM_IDS, DIM, IDS_PER_EXAMPLE, BATCH = 100_000, 32, 8, 256
 WARMUP_STEPS = 20
-TIMED_STEPS = 100  # per window; WINDOWS windows per child, the median one counts
+TIMED_STEPS = 100  # per window; WINDOWS windows per child, the fastest counts
 LAYERS = ("ShardedEmbedding", "DynamicEmbedding", "DynamicEmbedding+policy")
+# 1 worker only: TFRA's own apply (exact_updates=False; exact with one worker), to split the hash table's
+# cost into TFRA's lookup and shadow buffers and tf_psx's locked update.
+TFRA_APPLY = "DynamicEmbedding, TFRA's apply"
 WORKERS = (1, 2)
 TARGET = 1.3
 
@@ -44,14 +47,14 @@ def child(name: str, workers: str) -> None:
     from _common import WINDOWS, time_fit_cpu  # pylint: disable=import-outside-toplevel
 
     cluster = tf_psx.LocalCluster(num_workers=int(workers), num_ps=2).start()
-    strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2")
+    strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2", exact_updates=(name != TFRA_APPLY))
     callbacks = None
     with strategy.scope():
         inputs = tf.keras.Input((IDS_PER_EXAMPLE,), dtype=tf.int64)
         if name == "ShardedEmbedding":
             emb = tf_psx.layers.ShardedEmbedding(NUM_IDS, DIM)(inputs)
             optimizer = tf_psx.optimizers.LazyAdam(0.001)
-        elif name == "DynamicEmbedding":
+        elif name in ("DynamicEmbedding", TFRA_APPLY):
             emb = tf_psx.layers.DynamicEmbedding(DIM)(inputs)
             optimizer = tf.keras.optimizers.Adam(0.001)
         else:
@@ -84,6 +87,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="*", default=list(WORKERS))
     args = parser.parse_args()
     variants = [(name, workers) for workers in args.workers for name in LAYERS]
+    if 1 in args.workers:
+        variants.append((TFRA_APPLY, 1))
     runs = interleaved(__file__, variants, args.rounds)
     rows = []
     for workers in args.workers:
@@ -96,9 +101,16 @@ def main() -> None:
                               _ratios(dynamic, static), TARGET, higher_is_better=False))
         rows.append(ratio_row(f"{workers} worker(s): with min_count=2, max_rows=50k, eviction every 100 steps / "
                               "without", _ratios(policy, dynamic)))
+    if (TFRA_APPLY, 1) in runs:
+        tfra_apply = runs[(TFRA_APPLY, 1)]
+        rows.append({"metric": f"1 worker: {TFRA_APPLY} (exact_updates=False) ms/step (CPU ms/step)",
+                     "value": f"{spread_text(per_round(tfra_apply, 'ms_per_step'))} "
+                              f"(CPU {spread_text(per_round(tfra_apply, 'cpu_ms_per_step'))})"})
+        rows.append(ratio_row(f"1 worker: {TFRA_APPLY} / ShardedEmbedding (TFRA's lookup and shadow buffers, "
+                              "without tf_psx's locked update)", _ratios(tfra_apply, runs[("ShardedEmbedding", 1)])))
     write_result(
         "dynamic_vs_static",
-        f"`model.fit` ms/step (whole cluster; a child's: the median of 5 windows of {TIMED_STEPS} steps after "
+        f"`model.fit` ms/step (whole cluster; a child's: the fastest of 5 windows of {TIMED_STEPS} steps after "
         f"{WARMUP_STEPS} warm-up steps), steps_per_execution=1; {args.rounds} interleaved rounds of fresh processes, ratios per round (median, "
         f"min-max); in-process LocalCluster with 1 or 2 workers and 2 ps; batch {BATCH} x "
         f"{IDS_PER_EXAMPLE} ids per worker step, uniform over {NUM_IDS:,}, dim {DIM}, mean pooling + Dense(1); "
