@@ -341,3 +341,10 @@ def kept_rows(name: str, new_rows: list[dict], only_kept: bool = False) -> list[
         if not only_kept:
             kept.append(dict(row, value=f"{row['value']} [kept from the run of {previous['date']}]"))
     return kept
+
+
+def saved_runs(name: str) -> dict:
+    """The `interleaved` runs saved in bench/results/<name>.json's raw part, keyed by their variant tuples."""
+    with open(os.path.join(RESULTS_DIR, f"{name}.json"), encoding="utf-8") as handle:
+        raw = json.load(handle)["raw"]
+    return {tuple(int(part) if part.isdigit() else part for part in key.split()): value for key, value in raw.items()}

@@ -206,7 +206,7 @@ def main() -> None:
     import statistics  # pylint: disable=import-outside-toplevel
 
     from _common import (  # pylint: disable=import-outside-toplevel
-        RESULTS_DIR, ROUNDS, add_images, interleaved, kept_rows, per_round, ratio_row, ratios, spread_text,
+        ROUNDS, add_images, interleaved, kept_rows, per_round, ratio_row, ratios, saved_runs, spread_text,
         write_result)
 
     parser = argparse.ArgumentParser()
@@ -216,9 +216,7 @@ def main() -> None:
     args = parser.parse_args()
     variants = CORE + (FULL if args.full else [])
     if args.rows:
-        with open(os.path.join(RESULTS_DIR, "fused_embeddings.json"), encoding="utf-8") as handle:
-            raw = json.load(handle)["raw"]
-        runs = {tuple(int(part) if part.isdigit() else part for part in key.split()): value for key, value in raw.items()}
+        runs = saved_runs("fused_embeddings")
         for results in runs.values():
             for run in results:
                 if "window" not in run:  # a run of 2026-12-05 03:40 took its median window: use its fastest

@@ -74,12 +74,18 @@ def child(mode: str) -> None:
 def main() -> None:
     import argparse  # pylint: disable=import-outside-toplevel
 
-    from _common import ROUNDS, interleaved, per_round, ratio_row, ratios, spread_text, write_result  # pylint: disable=import-outside-toplevel
+    from _common import (  # pylint: disable=import-outside-toplevel
+        ROUNDS, interleaved, per_round, ratio_row, ratios, saved_runs, spread_text, write_result)
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--rows", action="store_true", help="rewrite the rows from the last result's runs (no run)")
     args = parser.parse_args()
-    runs = interleaved(__file__, [("none",), ("sync",), ("background",)], args.rounds)
+    if args.rows:
+        runs = saved_runs("snapshot_stall")
+        args.rounds = len(runs[("none",)])
+    else:
+        runs = interleaved(__file__, [("none",), ("sync",), ("background",)], args.rounds)
     none, sync, background = runs[("none",)], runs[("sync",)], runs[("background",)]
     rows = []
     for name, results in (("synchronous", sync), ("background", background)):
@@ -93,6 +99,11 @@ def main() -> None:
                  "value": " / ".join(spread_text(per_round(r, "fit_seconds")) for r in (none, sync, background))})
     rows.append(ratio_row("fit seconds, background snapshots / no snapshots",
                           ratios(background, none, "fit_seconds"), FIT_TARGET, higher_is_better=False))
+    for name, results in (("synchronous", sync), ("background", background)):
+        # What a snapshot costs the run: the fit's seconds above the same round's fit without snapshots, per
+        # snapshot (the barrier's own seconds are partly training: the steps queued before it run during it).
+        lost = [(run["fit_seconds"] - base["fit_seconds"]) / len(run["stalls"]) for run, base in zip(results, none)]
+        rows.append({"metric": f"{name}: fit seconds above no snapshots, per snapshot", "value": spread_text(lost)})
     write_result(
         "snapshot_stall",
         f"PeriodicSync every {EVERY} steps over {STEPS} steps of a {ROWS:,} x {DIM} ShardedEmbedding (fixed:2) with "
