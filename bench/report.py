@@ -35,9 +35,30 @@ taken within each round and reported as its median and spread (min-max over
 the rounds); it is judged met or missed only when the whole spread is on one
 side of the target, and "met: -" otherwise (or when there is no target).
 CPU ms per step of each process is reported beside wall time where the
-setup says so. The other benchmarks still use the method their setup
-states. Every benchmark runs `model.fit` with `steps_per_execution=1`
-unless its setup names another value.
+setup says so. A child's number is the fastest of its 5 timed windows: a
+disturbance only adds time, and this machine's own speed moves (a fixed
+numpy job on the idle machine ran at 0.67x its usual rate for 2.5 s at a
+time, with no steal shown by vmstat). The other benchmarks still use the
+method their setup states. Every benchmark runs `model.fit` with
+`steps_per_execution=1` unless its setup names another value.
+
+**Why earlier harnesses disagreed** (fused / stock from 1.04x to 2.90x for
+one model and setting, issue 30):
+
+1. *The machine.* 100-step windows of one fit in one process differed by
+   up to 2.5x (`fused_embeddings` raw `windows_ms`), so one timed window of
+   200 steps caught a slow spell or not. With the fastest of 5 windows and
+   3 rotated rounds, the whole model's fused / stock spread is 1.49-1.62;
+   with the median window of the same runs it was 1.00-1.68.
+2. *`steps_per_execution`.* At 10 (the parameter-server tutorial's advice)
+   stock was slower than at 1 in every round (0.83-0.99x), so it is not a
+   tuning that favours stock; the targets are judged at 1.
+3. *The process layout and thread pools.* `fused_embeddings` runs 4 TF
+   processes (coordinator, worker, 2 ps) on 2 cores, the in-process
+   benchmarks one. One inter-op and one intra-op thread per process
+   (`TF_NUM_INTEROP_THREADS=1`, `TF_NUM_INTRAOP_THREADS=1`) instead of TF's
+   default moved neither stock (9,176 and 9,773 against 9,007 and 9,344
+   examples/s, 2 rounds) nor fused beyond the spread.
 """
 
 # name -> (the question it answers, substring of the headline metric, why a
@@ -60,19 +81,20 @@ SUMMARY = {
         "ratio tf_psx / raw TF", ""),
     "fused_embeddings": (
         "Is one fused table for 26 features faster than 26 stock Embedding layers?",
-        "whole model, 1 worker(s): fused / stock",
-        "The step's fixed cost (the MLP and the step's own round trips, ~14 CPU ms) dominates on 2 cores, and "
-        "the harnesses disagree by more than the effect (issue 30): interleaved rounds with spreads will judge it."),
+        "whole model, steps_per_execution=1 (judged): fused / stock",
+        "The embedding stage is 1.8-2.3x (target 2.5x): the stage's floor (the step with no embedding, ~10 ms) "
+        "is about half of the fused stage's step on 2 cores shared by 4 processes. The whole model's spread "
+        "straddles 1.5x; more rounds would narrow it."),
     "dynamic_vs_static": (
         "Does a hash-table embedding (TFRA DynamicEmbedding) train as fast as a fixed sharded table?",
         "1 worker(s): DynamicEmbedding / ShardedEmbedding",
-        "TFRA's update runs on the worker and moves rows and slots across the wire both ways under the lock; "
-        "applying the update on the ps that owns the shard, in one round trip, would change it."),
+        "Most of the gap is TFRA's own lookup and shadow buffers (TFRA's apply, without tf_psx's lock, is most of "
+        "the way there); applying the update on the ps saves only the locked part. Not built."),
     "vocab_scaling": (
         "Does the cost of a step follow the rows touched, not the table size (10k -> 2M rows)?",
         "tf_psx SGD momentum",
-        "SGD with momentum at 2M rows measured 1.32x in one run of 2 processes; the other optimizers are flat. "
-        "Not re-measured with interleaved rounds yet, so it may be noise; that re-measurement would decide."),
+        "Spreads over rounds straddle 1.2x for some optimizers: a 2M-row process is sometimes slower as a whole "
+        "(its table's memory); more rounds would decide."),
     "dedup_bytes": (
         "How many bytes does deduplicating ids before the lookup save?",
         "dedup on / off", ""),
@@ -109,8 +131,9 @@ SUMMARY = {
     "snapshot_stall": (
         "Does a background snapshot stall training less than a synchronous one?",
         "background / synchronous stall",
-        "The background commit still copies every row to the coordinator at the barrier before writing in the "
-        "background; copying on the ps tasks (in memory) and writing there would change it."),
+        "The barrier dominates both modes (the steps fit queued ahead drain, 0.7-1.3 s) and it is training time, "
+        "not lost time; per snapshot the fit loses 0.72 s synchronous and 0.91 s in the background, whose writes "
+        "compete with training for the 2 cores. More cores (or a write on other hosts) would change it."),
     "delta_snapshots": (
         "What does a frequent delta snapshot cost per step against a frequent full one?",
         "full60_delta10: cost per step", ""),

@@ -13,7 +13,7 @@ step of theirs takes seconds, so they run only with `--with-stock` (one
 round), and otherwise their rows are kept from the last result file with
 that run's date.
 
-`python bench/vocab_scaling.py [--rounds N] [--with-stock]`.
+`python bench/vocab_scaling.py [--rounds N] [--with-stock] [--more]` (`--more`: N rounds added to the last result's).
 """
 
 from __future__ import annotations
@@ -81,10 +81,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--with-stock", action="store_true")
+    parser.add_argument("--more", action="store_true", help="add --rounds rounds to the last result's runs")
     args = parser.parse_args()
     recommended = [name for name, (yes, _) in OPTIMIZERS.items() if yes]
     runs = interleaved(__file__, [(name, rows) for name in recommended for rows in (SMALL_ROWS, LARGE_ROWS)],
                        args.rounds)
+    if args.more:
+        with open(os.path.join(RESULTS_DIR, "vocab_scaling.json"), encoding="utf-8") as handle:
+            raw = json.load(handle)["raw"]
+        for key, earlier in raw.items():
+            name, rows = key.rsplit(" ", 1)
+            runs[(name, int(rows))] = earlier + runs[(name, int(rows))]
+    args.rounds = len(runs[(recommended[0], SMALL_ROWS)])
     rows_out = []
     for name in recommended:
         small, large = runs[(name, SMALL_ROWS)], runs[(name, LARGE_ROWS)]
@@ -107,7 +115,8 @@ def main() -> None:
             previous = json.load(handle)
         for row in previous["rows"]:
             if row.get("target") == "baseline":
-                row["value"] = str(row["value"]).split(" [kept from")[0] + f" [kept from the run of {previous['date']}]"
+                if " [kept from the run of " not in str(row["value"]):  # kept before: its own run's date stays
+                    row["value"] = f"{row['value']} [kept from the run of {previous['date']}]"
                 rows_out.append(row)
     write_result(
         "vocab_scaling",

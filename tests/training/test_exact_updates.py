@@ -137,3 +137,55 @@ def test_rerun_report_warns_per_epoch_and_fills_history_only_after_failures(capl
     quiet.on_epoch_end(0)
     quiet.on_train_end()
     assert model.history.history == {"loss": [1.0]}  # no failure: Keras's History keys unchanged
+
+
+def _counter_step(owner, counter):
+    """A traced step that bumps `counter` once per token (tf_psx.step_once.once_counter), as `iterations` is."""
+    import contextlib  # pylint: disable=import-outside-toplevel
+
+    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx._tf import step_tokens  # pylint: disable=import-outside-toplevel
+
+    @tf.function
+    def step(token):
+        with step_tokens.tracing_with(token, step_tokens.STEP):
+            return step_once.once_counter(owner, "iterations", contextlib.nullcontext, counter, 1)
+
+    return step
+
+
+def test_a_counter_bumps_once_per_token_and_a_twin_only_counts():
+    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+
+    class Owner:
+        pass
+
+    owner, counter = Owner(), tf.Variable(tf.constant(0, tf.int64))
+    step = _counter_step(owner, counter)
+    for token in (1, 2, 2, 3, 1):  # 2 and 1 run again (a re-run's twin)
+        step(tf.constant(token, tf.int64))
+    assert int(counter.numpy()) == 3
+    assert step_once.counts(owner) == {"skipped": 2, "unsure": 0}
+
+
+def test_a_counter_cancelled_between_its_two_writes_is_bumped_once_by_the_rerun():
+    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+
+    class Owner:
+        pass
+
+    owner, counter = Owner(), tf.Variable(tf.constant(0, tf.int64))
+    step = _counter_step(owner, counter)
+    step(tf.constant(1, tf.int64))
+    (ring,) = owner.__dict__["_tf_psx_token_rings"].values()
+    # The first attempt of token 2 wrote its token and the new value (2), then was cancelled before the assign.
+    ring.scatter_update(tf.IndexedSlices(tf.constant([2, 2], tf.int64), tf.constant([2, step_once.RING_SIZE + 2])))
+    assert int(counter.numpy()) == 1
+    step(tf.constant(2, tf.int64))  # the re-run: assigns the recorded value, adds nothing
+    assert int(counter.numpy()) == 2
+    step(tf.constant(3, tf.int64))
+    assert int(counter.numpy()) == 3
+    # A counter restored from a snapshot (ahead of the ring) goes on from its own value.
+    counter.assign(1000)
+    step(tf.constant(4, tf.int64))
+    assert int(counter.numpy()) == 1001
