@@ -88,8 +88,9 @@ SUMMARY = {
     "dynamic_vs_static": (
         "Does a hash-table embedding (TFRA DynamicEmbedding) train as fast as a fixed sharded table?",
         "1 worker(s): DynamicEmbedding / ShardedEmbedding",
-        "Most of the gap is TFRA's own lookup and shadow buffers (TFRA's apply, without tf_psx's lock, is most of "
-        "the way there); applying the update on the ps saves only the locked part. Not built."),
+        "Most of the gap is TFRA's own lookup and shadow buffers: TFRA's own apply, without tf_psx's lock, is "
+        "already 2.2x; tf_psx's locked update adds the rest. Applying the update on the ps would remove only that "
+        "part (not built); the rest needs a lookup path without TFRA's per-step shadow buffers."),
     "vocab_scaling": (
         "Does the cost of a step follow the rows touched, not the table size (10k -> 2M rows)?",
         "tf_psx SGD momentum",

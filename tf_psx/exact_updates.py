@@ -191,13 +191,13 @@ def _execute_unordered(lock, update, step, ready=()):
     must run, so the release it waits for runs too.
 
     `ready`: what the update reads from outside the lock (the gradient, on
-    the variable's ps task). TF's `CriticalSection.execute` takes the lock
-    with no input, so on the ps it was taken as soon as the step started,
-    then held while the worker computed the gradient: a worker killed
-    before sending it left the lock held for good (every later step of
-    every worker waited on it: the stalls of tests/scripts/exact_crash.py),
-    and two workers' steps ran one after the other. With `ready`, the lock
-    is taken once they are on the ps.
+    the variable's ps task). TF's `CriticalSection.execute` makes its
+    `MutexLock` with no input, so on the ps the lock could be taken as soon
+    as the step started and held while the worker computed the gradient
+    (read from TF 2.16.2's critical_section_ops.py; a worker killed before
+    sending it would leave the lock waiting on it). With `ready`, the lock
+    is taken once they are on the ps. The stalls of the worker-kill test
+    (tests/scripts/exact_crash.py) remain with this change.
     """
     with tf.control_dependencies(ready):
         output = _lock_release.run_unordered(lock, update)
