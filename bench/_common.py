@@ -107,11 +107,10 @@ def _cpu_ms(pid: int) -> float:
 
 
 def time_fit_cpu(model, dataset_fn, warmup_steps: int, timed_steps: int, pids: dict, callbacks=None, windows: int = 1):
-    """(ms per step, {name: CPU ms per step of process pids[name]}) over the timed steps, as `time_fit`.
+    """(ms per step, {name: CPU ms per step of process pids[name]}, every window's ms per step), as `time_fit`.
 
-    With `windows` > 1 the timed steps are `windows` fits of `timed_steps`
-    each, and the fastest window gives both numbers; the third value is
-    every window's ms per step. The fastest, not the median: a disturbance
+    The timed steps are `windows` fits of `timed_steps` each, and the
+    fastest window gives the first two values. The fastest, not the median: a disturbance
     only adds time, and this machine's own speed moves (measured: a fixed
     numpy job on the idle 2-core machine ran at 0.67x its usual rate for
     2.5 s at a time, without any steal shown by vmstat), so windows of the
@@ -131,8 +130,6 @@ def time_fit_cpu(model, dataset_fn, warmup_steps: int, timed_steps: int, pids: d
         ms = (time.perf_counter() - start) * 1000 / timed_steps
         measured.append((ms, {name: (_cpu_ms(pid) - before[name]) / timed_steps for name, pid in pids.items()}))
     ms, cpu = min(measured, key=lambda pair: pair[0])
-    if windows == 1:
-        return ms, cpu
     return ms, cpu, [round(pair[0], 3) for pair in measured]
 
 
@@ -343,8 +340,14 @@ def kept_rows(name: str, new_rows: list[dict], only_kept: bool = False) -> list[
     return kept
 
 
-def saved_runs(name: str) -> dict:
-    """The `interleaved` runs saved in bench/results/<name>.json's raw part, keyed by their variant tuples."""
+def saved_runs(name: str, arity: int) -> dict:
+    """The `interleaved` runs saved in bench/results/<name>.json's raw part, keyed by their variant tuples.
+
+    The raw keys are a variant's `arity` arguments joined by spaces; only
+    the first may hold spaces itself (an optimizer's name), and integer
+    arguments come back as ints.
+    """
     with open(os.path.join(RESULTS_DIR, f"{name}.json"), encoding="utf-8") as handle:
         raw = json.load(handle)["raw"]
-    return {tuple(int(part) if part.isdigit() else part for part in key.split()): value for key, value in raw.items()}
+    return {tuple(int(part) if part.isdigit() else part for part in key.rsplit(" ", arity - 1)): value
+            for key, value in raw.items()}

@@ -80,7 +80,7 @@ def child(name: str, workers: str) -> None:
 def main() -> None:
     import argparse  # pylint: disable=import-outside-toplevel
 
-    from _common import ROUNDS, interleaved, per_round, ratio_row, spread_text, write_result  # pylint: disable=import-outside-toplevel
+    from _common import ROUNDS, interleaved, per_round, ratio_row, ratios, spread_text, write_result  # pylint: disable=import-outside-toplevel
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=ROUNDS)
@@ -98,16 +98,16 @@ def main() -> None:
                          "value": f"{spread_text(per_round(results, 'ms_per_step'))} "
                                   f"(CPU {spread_text(per_round(results, 'cpu_ms_per_step'))})"})
         rows.append(ratio_row(f"{workers} worker(s): DynamicEmbedding / ShardedEmbedding",
-                              _ratios(dynamic, static), TARGET, higher_is_better=False))
+                              ratios(dynamic, static, "ms_per_step"), TARGET, higher_is_better=False))
         rows.append(ratio_row(f"{workers} worker(s): with min_count=2, max_rows=50k, eviction every 100 steps / "
-                              "without", _ratios(policy, dynamic)))
+                              "without", ratios(policy, dynamic, "ms_per_step")))
     if (TFRA_APPLY, 1) in runs:
         tfra_apply = runs[(TFRA_APPLY, 1)]
         rows.append({"metric": f"1 worker: {TFRA_APPLY} (exact_updates=False) ms/step (CPU ms/step)",
                      "value": f"{spread_text(per_round(tfra_apply, 'ms_per_step'))} "
                               f"(CPU {spread_text(per_round(tfra_apply, 'cpu_ms_per_step'))})"})
         rows.append(ratio_row(f"1 worker: {TFRA_APPLY} / ShardedEmbedding (TFRA's lookup and shadow buffers, "
-                              "without tf_psx's locked update)", _ratios(tfra_apply, runs[("ShardedEmbedding", 1)])))
+                              "without tf_psx's locked update)", ratios(tfra_apply, runs[("ShardedEmbedding", 1)], "ms_per_step")))
     write_result(
         "dynamic_vs_static",
         f"`model.fit` ms/step (whole cluster; a child's: the fastest of 5 windows of {TIMED_STEPS} steps after "
@@ -119,12 +119,6 @@ def main() -> None:
         rows,
         extra={" ".join(map(str, key)): value for key, value in runs.items()},
     )
-
-
-def _ratios(top, bottom):
-    from _common import ratios  # pylint: disable=import-outside-toplevel
-
-    return ratios(top, bottom, "ms_per_step")
 
 
 if __name__ == "__main__":

@@ -216,12 +216,7 @@ def main() -> None:
     args = parser.parse_args()
     variants = CORE + (FULL if args.full else [])
     if args.rows:
-        runs = saved_runs("fused_embeddings")
-        for results in runs.values():
-            for run in results:
-                if "window" not in run:  # a run of 2026-12-05 03:40 took its median window: use its fastest
-                    run.update(window="fastest (CPU from the median window)", ms_per_step=min(run["windows_ms"]),
-                               examples_per_s=1000.0 * BATCH / min(run["windows_ms"]))
+        runs = saved_runs("fused_embeddings", 4)
         args.rounds = len(next(iter(runs.values())))
         args.full = all(variant in runs for variant in FULL)
     else:
@@ -241,11 +236,11 @@ def main() -> None:
     for spe in SETTINGS:
         for variant in ("stock", "fused", "mlp_only", "stock_stage", "fused_stage", "mlp_only_stage"):
             key = (variant, 1, 26, spe)
-            cpu = runs[key]
             rows.append({"metric": f"steps_per_execution={spe}, {variant}: examples/s; CPU ms/step worker / 2 ps / "
                                    "coordinator",
                          "value": f"{spread_text(ex(key))}; CPU "
-                                  + " / ".join(f"{statistics.median(_split(r)[i] for r in cpu):.1f}" for i in range(3))})
+                                  + " / ".join(f"{statistics.median(_split(r)[i] for r in runs[key]):.1f}"
+                                               for i in range(3))})
     rows.append(ratio_row("stock, steps_per_execution=10 / 1: examples/s (is the tutorial's setting faster?)",
                           ratios(runs[("stock", 1, 26, 10)], runs[("stock", 1, 26, 1)], "examples_per_s")))
     for spe in SETTINGS:
@@ -274,7 +269,7 @@ def main() -> None:
     if args.full:
         for workers in (1, 2):
             rows.append(ratio_row(f"whole model, {workers} worker(s), steps_per_execution=1: fused bf16 / fused",
-                                  ratios(runs[("fused_bf16", 1 if workers == 1 else 2, 26, 1)],
+                                  ratios(runs[("fused_bf16", workers, 26, 1)],
                                          runs[("fused", workers, 26, 1)], "examples_per_s")))
         rows.append(ratio_row("whole model, 2 workers, steps_per_execution=1: fused / stock",
                               ratios(runs[("fused", 2, 26, 1)], runs[("stock", 2, 26, 1)], "examples_per_s")))

@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--rows", action="store_true", help="rewrite the rows from the last result's runs (no run)")
     args = parser.parse_args()
     if args.rows:
-        runs = saved_runs("snapshot_stall")
+        runs = saved_runs("snapshot_stall", 1)
         args.rounds = len(runs[("none",)])
     else:
         runs = interleaved(__file__, [("none",), ("sync",), ("background",)], args.rounds)

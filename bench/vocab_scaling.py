@@ -76,7 +76,7 @@ def main() -> None:
     import argparse  # pylint: disable=import-outside-toplevel
 
     from _common import (  # pylint: disable=import-outside-toplevel
-        RESULTS_DIR, ROUNDS, interleaved, per_round, ratio_row, ratios, spread_text, write_result)
+        ROUNDS, interleaved, kept_rows, per_round, ratio_row, ratios, saved_runs, spread_text, write_result)
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=ROUNDS)
@@ -87,11 +87,8 @@ def main() -> None:
     runs = interleaved(__file__, [(name, rows) for name in recommended for rows in (SMALL_ROWS, LARGE_ROWS)],
                        args.rounds)
     if args.more:
-        with open(os.path.join(RESULTS_DIR, "vocab_scaling.json"), encoding="utf-8") as handle:
-            raw = json.load(handle)["raw"]
-        for key, earlier in raw.items():
-            name, rows = key.rsplit(" ", 1)
-            runs[(name, int(rows))] = earlier + runs[(name, int(rows))]
+        for key, earlier in saved_runs("vocab_scaling", 2).items():
+            runs[key] = earlier + runs[key]
     args.rounds = len(runs[(recommended[0], SMALL_ROWS)])
     rows_out = []
     for name in recommended:
@@ -111,13 +108,7 @@ def main() -> None:
             rows_out.append({"metric": f"{name}: ms/step 2M / 10k rows", "target": "baseline", "ok": None,
                              "value": f"{large / small:.1f}x ({small:.1f} -> {large:.1f} ms/step, one round)"})
     else:
-        with open(os.path.join(RESULTS_DIR, "vocab_scaling.json"), encoding="utf-8") as handle:
-            previous = json.load(handle)
-        for row in previous["rows"]:
-            if row.get("target") == "baseline":
-                if " [kept from the run of " not in str(row["value"]):  # kept before: its own run's date stays
-                    row["value"] = f"{row['value']} [kept from the run of {previous['date']}]"
-                rows_out.append(row)
+        rows_out += kept_rows("vocab_scaling", rows_out)  # the stock baselines, with their run's date
     write_result(
         "vocab_scaling",
         f"`model.fit` ms/step at {SMALL_ROWS} and {LARGE_ROWS} rows; {args.rounds} interleaved rounds of fresh "

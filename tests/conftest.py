@@ -27,6 +27,16 @@ SESSION_PS = 2
 # tests/ (this folder: its helpers import as `from conftest import ...`) and the repository.
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
+
+
+def load_module(name: str, *path: str):
+    """The Python file at REPO/`path` loaded as module `name` (scripts and pages that are not packages)."""
+    import importlib.util  # pylint: disable=import-outside-toplevel
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, *path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 # A chief subprocess imports TF, starts tasks and traces fit: minutes on 2 cores.
 SCRIPT_TIMEOUT_S = 600
 

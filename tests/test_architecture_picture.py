@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 
-from conftest import REPO
+from conftest import load_module
 
 pytestmark = pytest.mark.unit
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("architecture_graph", os.path.join(REPO, "docs", "architecture_graph.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("architecture_graph", "docs", "architecture_graph.py")
 
 
 def test_the_picture_is_drawn_from_the_code():

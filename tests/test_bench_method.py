@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
+
+from conftest import load_module
 
 pytestmark = pytest.mark.unit
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def _common():
-    spec = importlib.util.spec_from_file_location("bench_common", os.path.join(REPO, "bench", "_common.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("bench_common", "bench", "_common.py")
 
 
 def test_a_ratio_is_judged_only_when_its_whole_spread_is_on_one_side():

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import importlib.util
 import json
 import os
 import re
@@ -38,7 +37,7 @@ from typing import Callable, Optional
 import pytest
 import yaml
 
-from conftest import REPO, SCRIPT_TIMEOUT_S
+from conftest import REPO, SCRIPT_TIMEOUT_S, load_module
 
 pytestmark = pytest.mark.unit
 
@@ -114,9 +113,7 @@ def test_docs_build_in_strict_mode(tmp_path):
 
 
 def test_griffe_extension_fences_doctests_only_outside_fences():
-    spec = importlib.util.spec_from_file_location("griffe_extensions", os.path.join(DOCS, "griffe_extensions.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module("griffe_extensions", "docs", "griffe_extensions.py")
     text = "Example:\n\n>>> f([1])\n[4, 8]\n\nAfter.\n\n```python\n>>> kept\n```"
     assert module.fence_doctests(text) == (
         "Example:\n\n```pycon\n>>> f([1])\n[4, 8]\n```\n\nAfter.\n\n```python\n>>> kept\n```"
@@ -525,9 +522,7 @@ def test_prose_quotes_no_measured_ratios_outside_the_benchmarks_page():
 
 
 def test_benchmarks_page_is_generated_from_the_results():
-    spec = importlib.util.spec_from_file_location("bench_report", os.path.join(REPO, "bench", "report.py"))
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = load_module("bench_report", "bench", "report.py")
     records = []
     for path in sorted(glob.glob(os.path.join(REPO, "bench", "results", "*.json"))):
         with open(path, encoding="utf-8") as handle:

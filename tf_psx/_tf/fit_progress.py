@@ -10,6 +10,7 @@ finished (a RemoteValue's private status event), at most once a second.
 from __future__ import annotations
 
 import collections
+import logging
 import time
 
 import numpy as np
@@ -87,13 +88,16 @@ def with_progbar(arguments: dict, count_mode: str = "steps") -> dict:
     """verbose=1 under a coordinator: tf-keras's bar off (it would refuse), tf_psx's throttled bar on."""
     if arguments.get("verbose", "auto") != 1:
         return arguments
-    changed = dict(arguments, verbose=0)
+    return _with_callback(dict(arguments, verbose=0), CoordinatorProgbar(count_mode))
+
+
+def _with_callback(arguments: dict, callback) -> dict:
+    """`arguments` of a fit or evaluate with `callback` after the caller's callbacks (a CallbackList gets it appended)."""
     callbacks = arguments.get("callbacks")
     if isinstance(callbacks, keras().callbacks.CallbackList):
-        callbacks.append(CoordinatorProgbar(count_mode))
-    else:
-        changed["callbacks"] = list(callbacks or []) + [CoordinatorProgbar(count_mode)]
-    return changed
+        callbacks.append(callback)
+        return arguments
+    return dict(arguments, callbacks=list(callbacks or []) + [callback])
 
 
 class RerunReport(keras().callbacks.Callback):
@@ -122,8 +126,6 @@ class RerunReport(keras().callbacks.Callback):
         count = self._retries.count - self._start
         self.by_epoch.append(count)
         if count:
-            import logging  # pylint: disable=import-outside-toplevel
-
             logging.getLogger("tf_psx").warning(
                 "Epoch %d: %d step(s) ran again after a worker failure (the coordinator re-runs a failed worker's "
                 "step on another worker). tf_psx.exact_updates.rerun_counts(model.optimizer) counts the updates "
@@ -138,8 +140,4 @@ class RerunReport(keras().callbacks.Callback):
 
 def with_rerun_report(arguments: dict, retries) -> dict:
     """`arguments` of a fit with a `RerunReport` over the retry counter `retries` among its callbacks."""
-    callbacks = arguments.get("callbacks")
-    if isinstance(callbacks, keras().callbacks.CallbackList):
-        callbacks.append(RerunReport(retries))
-        return arguments
-    return dict(arguments, callbacks=list(callbacks or []) + [RerunReport(retries)])
+    return _with_callback(arguments, RerunReport(retries))
