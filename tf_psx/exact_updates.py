@@ -266,10 +266,16 @@ def _locked_update(original, optimizer, gradient, variable):
         original(optimizer, gradient, variable)
         _mark_rows(optimizer, gradient, variable)
 
+    # What the update writes, saved before it and restored if it is cut off midway (tf_psx.step_once).
+    writes = [variable] + slots_of(optimizer, [variable]).get(id(variable), [])
+    rows = gradient.indices if isinstance(gradient, tf.IndexedSlices) else None
+    whole = [step] if _reads_iterations(optimizer) else []
+
     def update():
         # A step TF re-runs after a worker failure skips the variables its first attempt updated.
         return _step_once.once(optimizer, _door.var_key(optimizer, variable), _scope_of(variable),
-                               lambda: _run_counted(optimizer, step, run), step.read_value)
+                               lambda: _run_counted(optimizer, step, run), step.read_value,
+                               writes=writes, rows=rows, whole=whole)
 
     return _execute_unordered(lock, update, step, ready=_tensors_of(gradient))
 
@@ -302,12 +308,14 @@ def rerun_counts(optimizer) -> dict:
       {"steps": re-run steps whose `iterations` bump was skipped (their first
       attempt had counted), "updates": variable and table updates skipped
       (applied by a first attempt), "unsure": look-ups that could not tell
-      (applied; a re-run more than `step_once.RING_SIZE` steps late)}.
+      (applied; a re-run more than `step_once.RING_SIZE` steps late, or a
+      table update cut off midway), "rolled_back": variable updates cut off
+      midway and restored from their journal (then applied by the re-run)}.
     """
     everything = _step_once.counts(optimizer)
     steps = _step_once.counts_of(optimizer, "iterations")
     return {"steps": steps["skipped"], "updates": everything["skipped"] - steps["skipped"],
-            "unsure": everything["unsure"]}
+            "unsure": everything["unsure"], "rolled_back": everything["rolled_back"]}
 
 
 def install() -> None:

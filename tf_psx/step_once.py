@@ -18,8 +18,31 @@ recorded. Two more slots count the skips and the look-ups that could not
 tell (the slot holds a newer token, RING_SIZE steps or more after this one:
 applied, as without a ring, and counted, never silent).
 
-Cost: one gather, one compare and one scatter of a few int64s, on the
-variable's ps task under the lock it already holds.
+An update cut off midway. The update and the record of its token are
+several kernels, and the ps runs a step's part as one function that TF
+aborts as a whole when the step fails elsewhere (a killed worker's tensor
+that never comes): the update can be done, or half done (Adagrad's
+accumulator and not the row), with no token recorded, and the re-run then
+applied it again. Measured with tests/scripts/exact_crash.py (2 workers,
+10 kills): 18 of 64,000 rows applied twice while the tokens caught 7 other
+updates. So an update with a journal (`writes`) runs as:
+
+  1. save the rows it will write (the gradient's rows of the variable and
+     of its slots; all of a dense variable) into a journal beside them;
+  2. mark the ring "pending: token";
+  3. apply; 4. record the token and clear "pending" with one kernel.
+
+Whoever takes the lock next and finds "pending" (an attempt cut off
+between 2 and 4: nothing else can have written those rows, the lock was
+held) restores the journal's rows, clears the mark and counts a roll-back;
+the step's re-run then applies the update afresh. A cut before 2 wrote
+nothing that counts; a cut after 4 is a finished update. An update without
+a journal (a TFRA table: its rows live in the table) counts a mark it
+finds as "unsure": applied again, and reported.
+
+Cost: one gather, one compare and one scatter of a few int64s, plus the
+copy of the rows the update writes (a dense variable's copy is its whole
+value), on the variable's ps task under the lock it already holds.
 """
 
 from __future__ import annotations
@@ -35,7 +58,15 @@ RING_SIZE = 65536
 _SKIPPED = RING_SIZE  # slot: updates skipped (their step's twin applied them)
 _UNSURE = RING_SIZE + 1  # slot: look-ups whose token was overwritten by a newer one (applied)
 _VALUE = RING_SIZE + 2  # slot (counter rings only): the counter's value after its last bump (`once_counter`)
+_PENDING = RING_SIZE + 2  # slot (update rings only): the token of an update begun and not recorded, or 0
+_ROLLED_BACK = RING_SIZE + 3  # slot (update rings only): updates cut off midway and restored from the journal
+_UPDATE_EXTRA = 2  # the slots update rings have past the counts: _PENDING, _ROLLED_BACK
 _RINGS_ATTR = "_tf_psx_token_rings"
+_JOURNALS_ATTR = "_tf_psx_journals"
+# Rows a sparse update's journal holds when the gradient's row count is not
+# static (a variable holds at most its own rows). 16384 rows of 16 float32s
+# are 1 MB per written variable.
+JOURNAL_ROWS = 16384
 
 
 def current():
@@ -59,7 +90,89 @@ def _ring(owner, key: str, kind: str, variable_scope, extra: int = 0):
     return ring
 
 
-def once(owner, key: str, variable_scope, apply, skip):
+def _capacity(writes, rows) -> int:
+    """Rows a sparse journal holds: the gradient's row count when it is static, else JOURNAL_ROWS; never more than the variable's."""
+    static = rows.shape[0] if rows.shape.rank == 1 else None
+    rows_of_variable = min(int(variable.shape[0]) for variable in writes)
+    return max(1, min(rows_of_variable, static if static is not None else JOURNAL_ROWS))
+
+
+def _journal(owner, key: str, kind: str, variable_scope, writes, whole, rows):
+    """The journal of `key`'s updates: (saved row indices, or None for a dense update; a saved value per variable).
+
+    Shapes are static (a variable of unknown shape in a step's function made
+    TF 2.16.2's workers abort: "Check failed: size >= 0 (0 vs. -1)"): a
+    sparse journal holds `_capacity` rows, and its last index slot the count
+    saved (-1: the update did not fit, nothing saved).
+    """
+    journals = owner.__dict__.setdefault(_JOURNALS_ATTR, {})
+    journal = journals.get((key, kind))
+    if journal is None:
+        name = key.replace("/", "_").replace(":", "_")
+        capacity = _capacity(writes, rows) if rows is not None and writes else None
+        with tf.init_scope(), variable_scope():
+            indices = None if capacity is None else tf.Variable(
+                tf.fill([capacity + 1], tf.constant(-1, tf.int64)), trainable=False, name=f"{name}_{kind}_journal_rows",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            values = []
+            for index, variable in enumerate(list(writes) + list(whole)):
+                by_rows = capacity is not None and index < len(writes)
+                shape = [capacity, *variable.shape[1:]] if by_rows else variable.shape
+                values.append(tf.Variable(tf.zeros(shape, variable.dtype), trainable=False,
+                                          name=f"{name}_{kind}_journal_{index}",
+                                          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA))
+        journal = journals[(key, kind)] = (indices, values)
+    return journal
+
+
+def _save(journal, writes, whole, rows):
+    """Copies what the update will write into the journal (rows: the gradient's indices, or None); returns the op."""
+    indices, values = journal
+    entire = [saved.assign(variable.read_value(), read_value=False)
+              for variable, saved in zip(whole if indices is not None else list(writes) + list(whole),
+                                         values[len(writes):] if indices is not None else values)]
+    if indices is None:
+        return tf.group(entire)
+    capacity = int(indices.shape[0]) - 1
+    rows = tf.cast(rows, tf.int64)
+    count = tf.size(rows, out_type=tf.int64)
+
+    def by_rows():
+        positions = tf.range(count)
+        ops = [saved.scatter_update(tf.IndexedSlices(variable.sparse_read(rows), positions))
+               for variable, saved in zip(writes, values)]
+        ops.append(indices.scatter_update(tf.IndexedSlices(rows, positions)))
+        with tf.control_dependencies(ops + entire):  # the count last: it says the rows are there
+            return indices.scatter_update(tf.IndexedSlices(tf.reshape(count, [1]), [capacity])).op
+
+    def too_many():
+        return indices.scatter_update(tf.IndexedSlices(tf.constant([-1], tf.int64), [capacity])).op
+
+    return tf.cond(count <= capacity, by_rows, too_many)
+
+
+def _restore(journal, writes, whole):
+    """Writes the journal back (an update cut off midway); returns True, or False when nothing was saved."""
+    indices, values = journal
+    entire_pairs = list(zip(whole if indices is not None else list(writes) + list(whole),
+                            values[len(writes):] if indices is not None else values))
+
+    def write_back(positions=None):
+        ops = [variable.assign(saved.read_value(), read_value=False) for variable, saved in entire_pairs]
+        if positions is not None:
+            rows = indices.sparse_read(positions)
+            ops += [variable.scatter_update(tf.IndexedSlices(saved.sparse_read(positions), rows))
+                    for variable, saved in zip(writes, values)]
+        with tf.control_dependencies(ops):
+            return tf.constant(True)
+
+    if indices is None:
+        return write_back()
+    count = indices.sparse_read([int(indices.shape[0]) - 1])[0]
+    return tf.cond(count >= 0, lambda: write_back(tf.range(count)), lambda: tf.constant(False))
+
+
+def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, whole=()):
     """`apply()` unless the step being traced already applied here, then `skip()`; run it under `key`'s lock.
 
     Args:
@@ -68,36 +181,66 @@ def once(owner, key: str, variable_scope, apply, skip):
       variable_scope: a callable returning the context the ring is made in (beside the variable).
       apply: makes the update's ops; returns an int64 scalar tensor.
       skip: makes what stands for it when skipped; returns an int64 scalar tensor.
+      writes: the variables `apply` writes (the variable and its optimizer
+        slots), saved before it runs and restored if it is cut off midway
+        (module docstring); () for an update with no journal.
+      rows: the rows of `writes` the update writes (a sparse gradient's
+        indices), or None: all of them. More rows than the journal holds
+        (`JOURNAL_ROWS` when their number is not static) are not saved: cut
+        off midway, such an update counts as "unsure".
+      whole: more variables `apply` writes, saved whole whatever `rows`
+        (a per-variable step counter).
 
     Without a token (a path that has none: DatasetCreator, a custom loop),
-    `apply()` as before.
+    `apply()` as before. Every call for one `key` passes the same `writes`.
     """
     step = current()
     if step is None:
         return apply()
     token, kind = step
-    ring = _ring(owner, key, kind, variable_scope)
-    # One gather and one scatter: the token's slot and the two counts (read and written under the lock).
+    writes, whole = list(writes), list(whole)
+    ring = _ring(owner, key, kind, variable_scope, extra=_UPDATE_EXTRA)
+    journal = _journal(owner, key, kind, variable_scope, writes, whole, rows) if writes + whole else None
+    # One gather and one scatter: the token's slot, the counts and the pending mark (read and written under the lock).
     slots = tf.stack([tf.math.floormod(token, RING_SIZE), tf.constant(_UNSURE, tf.int64),
-                      tf.constant(_SKIPPED, tf.int64)])
+                      tf.constant(_SKIPPED, tf.int64), tf.constant(_PENDING, tf.int64),
+                      tf.constant(_ROLLED_BACK, tf.int64)])
     held = ring.sparse_read(slots)
 
+    def roll_back():
+        # An attempt was cut off between its pending mark and its record: its rows go back.
+        restored = tf.cast(_restore(journal, writes, whole) if journal is not None else tf.constant(False), tf.int64)
+        unsure = held[1] + 1 - restored
+        cleared = ring.scatter_update(tf.IndexedSlices(tf.stack([unsure, held[4] + restored, tf.constant(0, tf.int64)]),
+                                                       tf.gather(slots, [1, 4, 3])))
+        with tf.control_dependencies([cleared]):
+            return tf.identity(unsure)
+
+    # The "unsure" count once a cut-off attempt is resolved.
+    unsure_now = tf.cond(held[3] > 0, roll_back, lambda: tf.identity(held[1]))
+
     def first():
-        done = apply()
+        saved = [_save(journal, writes, whole, rows)] if journal is not None else []
+        with tf.control_dependencies(saved):
+            mark = ring.scatter_update(tf.IndexedSlices(tf.reshape(token, [1]), slots[3:4]))
+        with tf.control_dependencies([mark]):
+            done = apply()
         with tf.control_dependencies([done]):
-            unsure = held[1] + tf.cast(held[0] > token, tf.int64)
-            record = ring.scatter_update(tf.IndexedSlices(tf.stack([token, unsure]), slots[:2]))
+            unsure = unsure_now + tf.cast(held[0] > token, tf.int64)
+            record = ring.scatter_update(tf.IndexedSlices(tf.stack([token, unsure, tf.constant(0, tf.int64)]),
+                                                          tf.gather(slots, [0, 1, 3])))
         with tf.control_dependencies([record]):
             return tf.identity(done)
 
     def twin():
         done = skip()
         with tf.control_dependencies([done]):
-            count = ring.scatter_update(tf.IndexedSlices(held[2:] + 1, slots[2:]))
+            count = ring.scatter_update(tf.IndexedSlices(held[2:3] + 1, slots[2:3]))
         with tf.control_dependencies([count]):
             return tf.identity(done)
 
-    return tf.cond(tf.equal(held[0], token), twin, first)
+    with tf.control_dependencies([unsure_now]):
+        return tf.cond(tf.equal(held[0], token), twin, first)
 
 
 def once_counter(owner, key: str, variable_scope, counter, delta):
@@ -148,7 +291,8 @@ def once_counter(owner, key: str, variable_scope, counter, delta):
 
 
 def counts(owner) -> dict:
-    """{"skipped": updates skipped as already applied, "unsure": look-ups that could not tell}, over `owner`'s rings."""
+    """{"skipped": updates skipped as already applied, "unsure": look-ups that could not tell,
+    "rolled_back": updates cut off midway and restored}, over `owner`'s rings."""
     return _sum(owner.__dict__.get(_RINGS_ATTR, {}).values())
 
 
@@ -158,8 +302,10 @@ def counts_of(owner, key: str) -> dict:
 
 
 def _sum(rings) -> dict:
-    skipped = unsure = 0
+    skipped = unsure = rolled_back = 0
     for ring in rings:
-        values = ring.sparse_read([_SKIPPED, _UNSURE]).numpy()
+        is_update_ring = ring.shape[0] == RING_SIZE + 2 + _UPDATE_EXTRA
+        values = ring.sparse_read([_SKIPPED, _UNSURE] + ([_ROLLED_BACK] if is_update_ring else [])).numpy()
         skipped, unsure = skipped + int(values[0]), unsure + int(values[1])
-    return {"skipped": skipped, "unsure": unsure}
+        rolled_back += int(values[2]) if is_update_ring else 0
+    return {"skipped": skipped, "unsure": unsure, "rolled_back": rolled_back}

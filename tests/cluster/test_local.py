@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -103,8 +104,16 @@ def test_process_cluster_kill_restart_and_clean_exit_on_error():
             cluster.kill("worker", 0)
             assert not cluster.alive("worker", 0)
             assert not psutil.pid_exists(pids[0])
-            cluster.restart("worker", 0)
+            # Restarted from a thread that then ends, as a restart loop or a
+            # test's killer does: the task must outlive that thread (the
+            # kernel's PR_SET_PDEATHSIG follows the forking thread).
+            restarter = threading.Thread(target=cluster.restart, args=("worker", 0))
+            restarter.start()
+            restarter.join(120)
+            assert not restarter.is_alive()
+            time.sleep(1.0)  # PR_SET_PDEATHSIG's SIGKILL comes as the thread exits
             assert cluster.alive("worker", 0)
+            assert psutil.Process(cluster.pid("worker", 0)).status() != psutil.STATUS_ZOMBIE
             pids.append(cluster.pid("worker", 0))
             assert pids[-1] != pids[0]
             assert port_is_listening(ports[0])

@@ -99,6 +99,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-tokens", action="store_true", help="the behaviour before step tokens")
+    parser.add_argument("--stall-report-s", type=float, default=90.0,
+                        help="a StallDoctor report (closures, task states, stacks) after this many silent seconds")
     args = parser.parse_args(argv)
     if args.no_tokens:
         from tf_psx._tf import step_tokens  # pylint: disable=import-outside-toplevel
@@ -113,10 +115,11 @@ def main(argv=None) -> int:
         killer = Killer(cluster, args.workers, args.kills, args.seed, running)
         killer.start()
         retries = tf_psx._tf.runtime.closure_retries(strategy.coordinator)  # pylint: disable=protected-access
+        doctor = tf_psx.callbacks.StallDoctor(args.stall_report_s, cluster=cluster)
         start = time.monotonic()
         try:
             history = model.fit(ids, np.zeros(count, np.float32), batch_size=BATCH, epochs=1, shuffle=True,
-                                verbose=0, callbacks=[_Started(running)])
+                                verbose=0, callbacks=[_Started(running), doctor])
         finally:
             killer.finish(RESTART_WAIT_S)
         seconds = time.monotonic() - start
@@ -128,7 +131,7 @@ def main(argv=None) -> int:
             "counts": {str(k): v for k, v in sorted(collections.Counter(applied).items())},
             "iterations": int(model.optimizer.iterations.numpy()), "steps": args.batches,
             "closure_retries": retries.count, "steps_rerun": history.history.get("steps_rerun"),
-            "caught": tf_psx.exact_updates.rerun_counts(model.optimizer),
+            "caught": tf_psx.exact_updates.rerun_counts(model.optimizer), "stall_reports": len(doctor.reports),
         }), flush=True)
     return 0
 

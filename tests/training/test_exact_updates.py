@@ -165,7 +165,7 @@ def test_a_counter_bumps_once_per_token_and_a_twin_only_counts():
     for token in (1, 2, 2, 3, 1):  # 2 and 1 run again (a re-run's twin)
         step(tf.constant(token, tf.int64))
     assert int(counter.numpy()) == 3
-    assert step_once.counts(owner) == {"skipped": 2, "unsure": 0}
+    assert step_once.counts(owner) == {"skipped": 2, "unsure": 0, "rolled_back": 0}
 
 
 def test_a_counter_cancelled_between_its_two_writes_is_bumped_once_by_the_rerun():
@@ -177,7 +177,7 @@ def test_a_counter_cancelled_between_its_two_writes_is_bumped_once_by_the_rerun(
     owner, counter = Owner(), tf.Variable(tf.constant(0, tf.int64))
     step = _counter_step(owner, counter)
     step(tf.constant(1, tf.int64))
-    (ring,) = owner.__dict__["_tf_psx_token_rings"].values()
+    (ring,) = owner.__dict__["_tf_psx_token_rings"].values()  # a counter ring
     # The first attempt of token 2 wrote its token and the new value (2), then was cancelled before the assign.
     ring.scatter_update(tf.IndexedSlices(tf.constant([2, 2], tf.int64), tf.constant([2, step_once.RING_SIZE + 2])))
     assert int(counter.numpy()) == 1
@@ -189,3 +189,126 @@ def test_a_counter_cancelled_between_its_two_writes_is_bumped_once_by_the_rerun(
     counter.assign(1000)
     step(tf.constant(4, tf.int64))
     assert int(counter.numpy()) == 1001
+
+
+def _row_step(owner, table, accumulator):
+    """A traced Adagrad-like update of rows 0 and 2 (accumulator first, then the rows), cut off after it on request.
+
+    `cut` aborts the function once the update is done and before its token
+    is recorded, as TF aborts a ps's part of a step whose worker died.
+    """
+    import contextlib  # pylint: disable=import-outside-toplevel
+
+    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx._tf import step_tokens  # pylint: disable=import-outside-toplevel
+
+    rows = tf.constant([0, 2], tf.int64)
+
+    @tf.function
+    def step(token, cut):
+        def apply():
+            grown = accumulator.scatter_add(tf.IndexedSlices(tf.ones([2, 1]), rows))
+            with tf.control_dependencies([grown]):
+                moved = table.scatter_add(tf.IndexedSlices(tf.ones([2, 1]), rows))
+            with tf.control_dependencies([moved]):
+                check = tf.debugging.Assert(tf.logical_not(cut), ["cut off after the update"])
+            with tf.control_dependencies([check]):
+                return tf.constant(0, tf.int64)
+
+        with step_tokens.tracing_with(token, step_tokens.STEP):
+            return step_once.once(owner, "table", contextlib.nullcontext, apply, lambda: tf.constant(0, tf.int64),
+                                  writes=[table, accumulator], rows=rows)
+
+    return lambda token, cut=False: step(tf.constant(token, tf.int64), tf.constant(cut))
+
+
+def test_an_update_cut_off_midway_is_rolled_back_and_applied_once_by_its_rerun():
+    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    table, accumulator = tf.Variable(tf.zeros([4, 1])), tf.Variable(tf.zeros([4, 1]))
+    step = _row_step(owner, table, accumulator)
+    step(1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cut off after the update"):
+        step(2, cut=True)  # token 2's first attempt: rows and slots written, token not recorded
+    assert table.numpy()[:, 0].tolist() == [2, 0, 2, 0]  # the cut attempt's update is there
+    step(3)  # another step takes the lock first: it restores token 2's rows, then applies its own
+    assert table.numpy()[:, 0].tolist() == [2, 0, 2, 0]
+    step(2)  # token 2's re-run: applies once
+    step(2)  # and its twin, if any, skips
+    assert table.numpy()[:, 0].tolist() == [3, 0, 3, 0]
+    assert accumulator.numpy()[:, 0].tolist() == [3, 0, 3, 0]
+    assert step_once.counts(owner) == {"skipped": 1, "unsure": 0, "rolled_back": 1}
+
+
+def test_an_update_without_journal_cut_off_midway_is_counted_unsure():
+    # A table update (TFRA) keeps no journal: the re-run applies again, and
+    # the count says so instead of staying silent.
+    import contextlib  # pylint: disable=import-outside-toplevel
+
+    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx._tf import step_tokens  # pylint: disable=import-outside-toplevel
+
+    class Owner:
+        pass
+
+    owner, value = Owner(), tf.Variable(tf.constant(0, tf.int64))
+
+    @tf.function
+    def step(token, cut):
+        def apply():
+            moved = value.assign_add(1)
+            with tf.control_dependencies([moved]):
+                check = tf.debugging.Assert(tf.logical_not(cut), ["cut off"])
+            with tf.control_dependencies([check]):
+                return tf.constant(0, tf.int64)
+
+        with step_tokens.tracing_with(token, step_tokens.STEP):
+            return step_once.once(owner, "t", contextlib.nullcontext, apply, lambda: tf.constant(0, tf.int64))
+
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        step(tf.constant(1, tf.int64), tf.constant(True))
+    step(tf.constant(1, tf.int64), tf.constant(False))
+    assert int(value.numpy()) == 2  # applied twice: no journal to restore from
+    assert step_once.counts(owner) == {"skipped": 0, "unsure": 1, "rolled_back": 0}
+
+
+def test_an_update_too_big_for_its_journal_cut_off_midway_is_counted_unsure(monkeypatch):
+    # Rows of unknown count are journaled up to step_once.JOURNAL_ROWS; an
+    # update with more is not saved, so cut off midway it is applied again by
+    # its re-run, and counted.
+    import contextlib  # pylint: disable=import-outside-toplevel
+
+    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx._tf import step_tokens  # pylint: disable=import-outside-toplevel
+
+    class Owner:
+        pass
+
+    monkeypatch.setattr(step_once, "JOURNAL_ROWS", 1)
+    owner, table = Owner(), tf.Variable(tf.zeros([4, 1]))
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.bool), tf.TensorSpec([None], tf.int64)])
+    def step(token, cut, rows):
+        def apply():
+            moved = table.scatter_add(tf.IndexedSlices(tf.ones_like(tf.cast(rows[:, None], tf.float32)), rows))
+            with tf.control_dependencies([moved]):
+                check = tf.debugging.Assert(tf.logical_not(cut), ["cut off"])
+            with tf.control_dependencies([check]):
+                return tf.constant(0, tf.int64)
+
+        with step_tokens.tracing_with(token, step_tokens.STEP):
+            return step_once.once(owner, "t", contextlib.nullcontext, apply, lambda: tf.constant(0, tf.int64),
+                                  writes=[table], rows=rows)
+
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        step(tf.constant(1, tf.int64), tf.constant(True), tf.constant([0], tf.int64))  # one row: journaled
+    step(tf.constant(1, tf.int64), tf.constant(False), tf.constant([0], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        step(tf.constant(2, tf.int64), tf.constant(True), tf.constant([1, 2], tf.int64))  # two rows: too many
+    step(tf.constant(2, tf.int64), tf.constant(False), tf.constant([1, 2], tf.int64))
+    assert table.numpy()[:, 0].tolist() == [1, 2, 2, 0]
+    assert step_once.counts(owner) == {"skipped": 0, "unsure": 1, "rolled_back": 1}

@@ -37,6 +37,9 @@ POLL_S = 0.1
 _PR_SET_PDEATHSIG = 1
 # Lines of a task's log quoted in an error.
 LOG_TAIL_LINES = 20
+# Longest wait for the spawner thread to fork and exec a task (it takes
+# milliseconds; past this the spawner is reported as stuck).
+SPAWN_TIMEOUT_S = 60.0
 
 
 def server_env(base: Mapping[str, str], tf_config_json: str) -> dict[str, str]:
@@ -50,6 +53,57 @@ def server_env(base: Mapping[str, str], tf_config_json: str) -> dict[str, str]:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.setdefault("CUDA_VISIBLE_DEVICES", "")
     return env
+
+
+class _Spawner:
+    """Forks every task process from one thread that lives as long as this process.
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits,
+    not the process (prctl(2)). A task restarted from a short-lived thread
+    (a thread that restarts killed workers, a launcher's helper) was
+    SIGKILLed the moment that thread returned: measured, both workers of a
+    2-worker fit died together after the last restart from such a thread,
+    and the coordinator waited for them without end. Forking from one
+    daemon thread ties every task to the life of this process, as meant.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._jobs: list = []
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._jobs:
+                    self._wake.wait()
+                job, done, box = self._jobs.pop(0)
+            try:
+                box["value"] = job()
+            except BaseException as error:  # pylint: disable=broad-except  (raised in the caller)
+                box["error"] = error
+            done.set()
+
+    def call(self, job: Callable[[], subprocess.Popen], what: str, timeout_s: float = SPAWN_TIMEOUT_S):
+        """Runs `job` (a fork and exec) on the spawner thread and returns its result (bounded)."""
+        done, box = threading.Event(), {}
+        with self._wake:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="tf_psx-spawner", daemon=True)
+                self._thread.start()
+            self._jobs.append((job, done, box))
+            self._wake.notify()
+        if not done.wait(timeout_s):
+            raise TimeoutError(f"tf_psx: starting the process of {what} took over {timeout_s:g} s on the spawner "
+                               "thread (a fork and exec takes milliseconds); the machine may be out of processes "
+                               "or memory.")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+
+_SPAWNER = _Spawner()
 
 
 def _die_with_parent(parent: int, orphan_exit: int) -> None:
@@ -118,16 +172,19 @@ class TaskProcess:
         if self.starts > 1:
             log.write(f"--- {banner + ': ' if banner else ''}start {self.starts} of {self.name} ---\n".encode())
             log.flush()
+        popen = functools.partial(
+            subprocess.Popen,
+            self.argv,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=functools.partial(_die_with_parent, os.getpid(), self._orphan_exit),  # pylint: disable=subprocess-popen-preexec-fn
+        )
         try:
-            self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
-                self.argv,
-                env=self.env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=functools.partial(_die_with_parent, os.getpid(), self._orphan_exit),  # pylint: disable=subprocess-popen-preexec-fn
-            )
-        except OSError:
+            # From the spawner thread, never the caller's: PR_SET_PDEATHSIG follows the forking thread.
+            self.proc = _SPAWNER.call(popen, self.name)
+        except (OSError, TimeoutError):
             log.close()
             raise
         self._reader = threading.Thread(
