@@ -129,11 +129,21 @@ def _ratio_row(metric: str, values: list[float], target: float | None, higher_is
 
 
 def main() -> None:
-    from _common import machine, write_result  # pylint: disable=import-outside-toplevel
+    """`python bench/exact_fit.py [--variants a,b,...]`: every variant, or a part (the other rows are kept, dated)."""
+    import argparse  # pylint: disable=import-outside-toplevel
 
-    runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    from _common import kept_rows, machine, write_result  # pylint: disable=import-outside-toplevel
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
+    chosen = parser.parse_args().variants.split(",")
+    unknown = sorted(set(chosen) - set(VARIANTS))
+    if unknown:
+        raise SystemExit(f"exact_fit: unknown variant(s) {unknown}; choose from {VARIANTS}")
+    chosen = [v for v in VARIANTS if v in chosen]
+    runs: dict[str, list[dict]] = {v: [] for v in chosen}
     for round_index in range(ROUNDS):
-        order = VARIANTS[round_index % len(VARIANTS):] + VARIANTS[:round_index % len(VARIANTS)]
+        order = chosen[round_index % len(chosen):] + chosen[:round_index % len(chosen)]
         for variant in order:
             result = _run(variant)
             runs[variant].append(result)
@@ -145,16 +155,16 @@ def main() -> None:
     def median_of(variant: str, key: str = "examples_per_s") -> float:
         return statistics.median(r[key] for r in runs[variant])
 
-    rows = [
-        _ratio_row("exact dataset / per-worker, equal workers", ratios("exact_dataset", "creator"), 0.95),
-        _ratio_row("exact arrays / per-worker, equal workers", ratios("exact_arrays", "creator"), 0.95),
-        _ratio_row("exact arrays / per-worker, one 3x straggler", ratios("exact_arrays_straggler",
-                                                                        "creator_straggler"), 0.9),
-        _ratio_row("verbose=1 / verbose=0 (exact arrays)", ratios("exact_arrays_verbose", "exact_arrays"), 0.98),
-        _ratio_row("exact dataset / per-worker, steps_per_execution=10", ratios("exact_dataset_spe10",
-                                                                               "creator_spe10"), 0.95),
+    comparisons = [
+        ("exact dataset / per-worker, equal workers", "exact_dataset", "creator", 0.95),
+        ("exact arrays / per-worker, equal workers", "exact_arrays", "creator", 0.95),
+        ("exact arrays / per-worker, one 3x straggler", "exact_arrays_straggler", "creator_straggler", 0.9),
+        ("verbose=1 / verbose=0 (exact arrays)", "exact_arrays_verbose", "exact_arrays", 0.98),
+        ("exact dataset / per-worker, steps_per_execution=10", "exact_dataset_spe10", "creator_spe10", 0.95),
     ]
-    for variant in VARIANTS:
+    rows = [_ratio_row(metric, ratios(top, bottom), target) for metric, top, bottom, target in comparisons
+            if top in runs and bottom in runs]
+    for variant in chosen:
         cpu = statistics.median(r["cpu_ms_per_step"]["coordinator"] for r in runs[variant])
         rows.append({"metric": f"{variant}: examples/s", "value": round(median_of(variant)), "unit": "examples/s"})
         rows.append({"metric": f"{variant}: coordinator CPU", "value": round(cpu, 2), "unit": "ms/step"})
@@ -162,7 +172,9 @@ def main() -> None:
              f"{WORKERS} workers + 2 ps task processes, steps_per_execution=1 (10 where named), prefetch 4; "
              f"{STEPS} timed steps after "
              f"a warm-up epoch; {ROUNDS} interleaved rounds, a fresh process per run; median and spread (min-max)")
-    write_result("exact_fit", setup, rows, extra={"runs": runs, "machine": machine()})
+    if len(chosen) < len(VARIANTS):
+        setup += f"; this run measured {', '.join(chosen)}, the other rows are kept from an earlier run"
+    write_result("exact_fit", setup, rows + kept_rows("exact_fit", rows), extra={"runs": runs, "machine": machine()})
 
 
 if __name__ == "__main__":

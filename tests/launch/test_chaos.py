@@ -25,6 +25,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -282,6 +283,39 @@ def test_a_chief_killed_mid_epoch_resumes_fit_with_every_record_applied_once(tmp
     assert max(abs(row + FEED_LR / FEED_BATCH) for row in rows) <= 1e-6, sorted(set(rows))
 
 
+def test_a_ps_killed_mid_epoch_resumes_fit_with_every_record_applied_once(tmp_path):
+    # A ps task killed between two snapshots: its variables are gone, so the
+    # launcher restarts the ps tasks and the chief, which restores the newest
+    # snapshot and continues the epoch at its step. Every record must be in
+    # the final model exactly once (rows -LR / BATCH), none lost with the ps.
+    import time  # pylint: disable=import-outside-toplevel
+
+    snapshots = tmp_path / "snapshots"
+    args = [*FEED, "--every", str(FEED_EVERY), "--step-sleep", "0.02"]
+    with LaunchRun(["--workers", "2", "--ps", "2", "--max-restarts", "2", "--snapshot-dir", str(snapshots),
+                    "--log-dir", str(tmp_path)], args) as run:
+        index, first = run.wait_for(FEED_START_RE)
+        deadline = time.monotonic() + 240
+        while not _snapshot_path(snapshots, 40).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _snapshot_path(snapshots, 40).exists(), run.output[-3000:]
+        time.sleep(0.1)  # about 5 batches past the snapshot
+        os.kill(run.pids()["ps:1"], signal.SIGKILL)
+        index, _ = run.wait_for(r"^tf-psx launch: ps:1 exited with status -9 \(killed by SIGKILL\); restarting the ps tasks",
+                                start=index)
+        index, second = run.wait_for(FEED_START_RE, start=index)
+        code = run.wait()
+        _, match = run.wait_for(FEED_RESULT_RE, start=index, timeout=1)
+    assert code == 0, run.output[-3000:]
+    resumed = int(second["step"])
+    assert second["pid"] != first["pid"] and resumed >= 40 and resumed % FEED_EVERY == 0, (first, second)
+    result = json.loads(match["json"])
+    assert result["done"] == FEED_RECORDS // FEED_BATCH and result["epochs"] == 1
+    rows = result["rows"]
+    assert len(rows) == FEED_RECORDS
+    assert max(abs(row + FEED_LR / FEED_BATCH) for row in rows) <= 1e-6, sorted(set(rows))
+
+
 def _snapshot_path(directory, step: int):
     """The committed snapshot of `step` in `directory` (PeriodicSync's naming)."""
     from tf_psx import snapshots as _snapshots  # pylint: disable=import-outside-toplevel
@@ -326,3 +360,43 @@ def test_scaling_a_fit_two_to_four_to_one_trains_every_record_once(tmp_path):
     rows = result["rows"]
     assert len(rows) == FEED_RECORDS
     assert max(abs(row + FEED_LR / FEED_BATCH) for row in rows) <= 1e-6, sorted(set(rows))
+
+
+# One crash fit under the launcher: ~2-3 min on 2 cores.
+CRASH_KILLS = 8
+
+
+@pytest.mark.slow
+def test_worker_kills_under_launch_apply_every_example_exactly_once(tmp_path):
+    # The crash trial of tests/scripts/exact_crash.py (one Adagrad row per
+    # example, so a row's value counts its applications) as the chief of a
+    # `tf-psx launch` job: workers are killed with SIGKILL at seeded random
+    # moments of the fit and restarted by the launcher, one down at a time.
+    rng = random.Random(SEED + 1)
+    crash = [sys.executable, os.path.join(SCRIPTS, "exact_crash.py"), "--launched", "--workers", "2",
+             "--batches", "8000"]
+    killed = []
+    with LaunchRun(["--workers", "2", "--ps", "2", "--max-restarts", str(CRASH_KILLS), "--log-dir", str(tmp_path)],
+                   crash) as run:
+        index, _ = run.wait_for(r"^\[chief:0\] tf_psx crash fit started")
+        for _ in range(CRASH_KILLS):
+            if any(line.startswith("[chief:0] RESULT ") for line in run.lines):
+                break  # the fit ended first
+            victim = f"worker:{rng.randrange(2)}"
+            pid = run.pids()[victim]
+            os.kill(pid, signal.SIGKILL)
+            killed.append((victim, pid))
+            index, _ = run.wait_for(rf"^tf-psx launch: {victim} exited with status -9 \(killed by SIGKILL\); restarting it",
+                                    start=index)
+            index, _ = run.wait_for(rf"^\[{victim}\] tf_psx.server ready", start=index)
+            time.sleep(rng.uniform(0.3, 2.0))
+        code = run.wait()
+    assert code == 0, run.output[-5000:]
+    _, match = run.wait_for(r"^\[chief:0\] RESULT (?P<json>\{.*\})$", timeout=1)
+    result = json.loads(match["json"])
+    assert len(killed) >= 2, (killed, result)
+    assert result["closure_retries"] >= 1, result
+    assert result["steps_rerun"] == [result["closure_retries"]], result  # reported in History, never silent
+    assert result["counts"] == {"1": result["rows"]}, result  # every row checked: applied exactly once
+    assert result["iterations"] == result["steps"], result
+    assert result["caught"]["unsure"] == 0, result

@@ -13,7 +13,12 @@ closure retries and what the step tokens caught
 (`tf_psx.exact_updates.rerun_counts`). `--no-tokens` turns the tokens off
 (the behaviour before them), for the comparison.
 
-Usage: exact_crash.py --workers 2 [--kills 10] [--batches 8000] [--seed 1] [--no-tokens]
+With `--launched` it runs as the chief of a `tf-psx launch` job (the
+cluster of TF_CONFIG): no killer thread; the test kills workers through the
+launcher's pids and the launcher restarts them. It prints
+"tf_psx crash fit started" once the first step is done.
+
+Usage: exact_crash.py --workers 2 [--kills 10] [--batches 8000] [--seed 1] [--no-tokens] [--launched]
 """
 
 from __future__ import annotations
@@ -89,6 +94,8 @@ class _Started(tf.keras.callbacks.Callback):
         self.event = event
 
     def on_train_batch_end(self, batch, logs=None):
+        if not self.event.is_set():
+            print("tf_psx crash fit started", flush=True)
         self.event.set()
 
 
@@ -99,6 +106,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-tokens", action="store_true", help="the behaviour before step tokens")
+    parser.add_argument("--launched", action="store_true", help="the chief of a tf-psx launch job (no killer)")
     parser.add_argument("--stall-report-s", type=float, default=90.0,
                         help="a StallDoctor report (closures, task states, stacks) after this many silent seconds")
     args = parser.parse_args(argv)
@@ -108,11 +116,12 @@ def main(argv=None) -> int:
         step_tokens.current = lambda: None
     count = args.batches * BATCH
     ids = np.arange(count, dtype=np.int64)[:, None]
-    with tf_psx.LocalCluster(num_workers=args.workers, num_ps=2, processes=True) as cluster:
+    local = tf_psx.LocalCluster(num_workers=args.workers, num_ps=2, processes=True)
+    with (tf_psx.launched_or(local) if args.launched else local) as cluster:
         strategy = tf_psx.ParameterServerStrategy(cluster, "fixed:2")
         model = build(strategy, count)
         running = threading.Event()
-        killer = Killer(cluster, args.workers, args.kills, args.seed, running)
+        killer = Killer(cluster, args.workers, 0 if args.launched else args.kills, args.seed, running)
         killer.start()
         retries = tf_psx._tf.runtime.closure_retries(strategy.coordinator)  # pylint: disable=protected-access
         doctor = tf_psx.callbacks.StallDoctor(args.stall_report_s, cluster=cluster)
