@@ -39,6 +39,8 @@ TASK_TYPES = ("worker", "ps")
 # LocalCluster of the same shape therefore reuses the running servers instead
 # of leaking another set of ports and threads.
 _INPROCESS_SERVERS: dict[tuple[int, int], tuple[ClusterConfig, list[Any]]] = {}
+# In-process tf.data services by their number of data workers: (address, servers).
+_INPROCESS_DATA_SERVICES: dict[int, tuple[str, list[Any]]] = {}
 # TF sizes one inter-op thread pool per process, from the options of the
 # first server that asks for it (process_util.cc ComputePool: a function-local
 # static), and every in-process server after it shares that pool. A worker
@@ -78,10 +80,17 @@ class LocalCluster(ClusterSource):
         None for the default (workers: at least one per worker plus one).
         Both need `processes=True` when not the default: in-process servers
         share this process's thread pools.
+      data_workers: tf.data service workers to start beside the cluster
+        (int >= 0), with their dispatcher: task processes with
+        `processes=True`, servers in this process otherwise. Their address
+        is `data_service` (tf_psx.cluster.data_service says how fit uses it).
 
     Attributes:
       config: the `ClusterConfig` of the cluster (loopback addresses).
       resolver: a `SimpleClusterResolver` for `tf.distribute` strategies.
+      data_service: "grpc://127.0.0.1:PORT" of the tf.data service dispatcher,
+        for `tf.data.experimental.service.distribute(service=...)`; None
+        without `data_workers`.
 
     Known limitations:
       * In-process servers cannot be stopped (TF 2.16 has no clean shutdown
@@ -96,9 +105,9 @@ class LocalCluster(ClusterSource):
         accept any caller (docs/security.md).
       * Create the cluster (and the strategy) before building any model in
         the process: resources made before live on `/job:localhost`.
-      * Task processes get SIGKILL when the thread that started them exits
-        (Linux PR_SET_PDEATHSIG), so a killed coordinator leaves none behind;
-        start the cluster from a thread that lives as long as it.
+      * Task processes get SIGKILL when this process exits (Linux
+        PR_SET_PDEATHSIG, from one thread that lives as long as the process:
+        tf_psx.cluster.supervisor), so a killed coordinator leaves none behind.
     """
 
     def __init__(
@@ -110,6 +119,7 @@ class LocalCluster(ClusterSource):
         start_timeout_s: float = TASK_START_TIMEOUT_S,
         intra_op_threads: int | str = "auto",
         inter_op_threads: int | None = None,
+        data_workers: int = 0,
     ):
         self.num_workers = _checks.int_at_least(num_workers, 1, "num_workers", fix="pass LocalCluster(num_workers=1) or more")
         self.num_ps = _checks.int_at_least(num_ps, 1, "num_ps", fix="pass LocalCluster(num_ps=1) or more")
@@ -145,6 +155,9 @@ class LocalCluster(ClusterSource):
         self.intra_op_threads = (_server.threads_per_task(self.num_workers + self.num_ps + 1)
                                  if intra_op_threads == "auto" else int(intra_op_threads))
         self.inter_op_threads = inter_op_threads
+        self.data_workers = _checks.int_at_least(data_workers, 0, "data_workers", owner="LocalCluster",
+                                                 fix="pass 0 (no tf.data service) or more data workers")
+        self.data_service: str | None = None
         self._log_dir_arg = log_dir
         self.log_dir: str | None = None
         self.config: ClusterConfig | None = None
@@ -168,6 +181,8 @@ class LocalCluster(ClusterSource):
             self._start_processes()
         else:
             self._start_in_process()
+        if self.data_workers:
+            self._start_data_service()
         self._started = True
         return self
 
@@ -179,6 +194,8 @@ class LocalCluster(ClusterSource):
         """Stops every task process and waits for it (no-op in-process)."""
         _supervisor.stop(list(self._tasks.values()), grace_s=TASK_STOP_GRACE_S)
         self._started = False
+        if self.processes:
+            self.data_service = None
 
     def __enter__(self) -> "LocalCluster":
         try:
@@ -307,6 +324,37 @@ class LocalCluster(ClusterSource):
             f"LocalCluster task {task.name} {what} (exit status {task.poll()}); "
             f"its log is {task.log_path}. Last lines:\n{task.log_tail()}"
         )
+
+    # -- the tf.data service ------------------------------------------------
+
+    def _start_data_service(self) -> None:
+        from tf_psx.cluster import data_service as _data_service  # pylint: disable=import-outside-toplevel
+
+        if not self.processes:
+            if self.data_workers not in _INPROCESS_DATA_SERVICES:  # in-process servers cannot be stopped: reused
+                ports = free_ports(self.data_workers + 1)
+                servers = _data_service.start_in_process(ports[0], self.data_workers, ports[1:])
+                _INPROCESS_DATA_SERVICES[self.data_workers] = (_data_service.address(ports[0]), servers)
+            self.data_service = _INPROCESS_DATA_SERVICES[self.data_workers][0]
+            return
+        ports = free_ports(self.data_workers + 1)
+        env = {k: v for k, v in os.environ.items() if k != TF_CONFIG_ENV}
+        env.update(PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        module = [sys.executable, "-m", "tf_psx.cluster.data_service"]
+        commands = [((_data_service.DISPATCHER, 0), [*module, "dispatcher", "--port", str(ports[0])])]
+        commands += [((_data_service.WORKER, i), [*module, "worker", "--port", str(port),
+                                                  "--dispatcher", f"{LOOPBACK}:{ports[0]}"])
+                     for i, port in enumerate(ports[1:])]
+        tasks = []
+        for (task_type, index), argv in commands:
+            task = _supervisor.TaskProcess(task_type, index, argv, env,
+                                           os.path.join(self.log_dir, f"{task_type}-{index}.log"))
+            self._tasks[(task_type, index)] = task
+            task.start()
+            tasks.append(task)
+        self._wait_ready(tasks)
+        self.data_service = _data_service.address(ports[0])
 
     # -- helpers -----------------------------------------------------------
 

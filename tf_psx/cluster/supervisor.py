@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from tf_psx._tf import runtime as _runtime
 from tf_psx.cluster import TF_CONFIG_ENV
 from tf_psx.cluster.server import READY_MARK
+from tf_psx.errors import TaskFailedError
 
 # SIGTERM first so that a task can exit on its own; SIGKILL after this.
 STOP_GRACE_S = 5.0
@@ -95,7 +96,7 @@ class _Spawner:
             self._jobs.append((job, done, box))
             self._wake.notify()
         if not done.wait(timeout_s):
-            raise TimeoutError(f"tf_psx: starting the process of {what} took over {timeout_s:g} s on the spawner "
+            raise TaskFailedError(f"tf_psx: starting the process of {what} took over {timeout_s:g} s on the spawner "
                                "thread (a fork and exec takes milliseconds); the machine may be out of processes "
                                "or memory.")
         if "error" in box:
@@ -184,7 +185,7 @@ class TaskProcess:
         try:
             # From the spawner thread, never the caller's: PR_SET_PDEATHSIG follows the forking thread.
             self.proc = _SPAWNER.call(popen, self.name)
-        except (OSError, TimeoutError):
+        except (OSError, TaskFailedError):
             log.close()
             raise
         self._reader = threading.Thread(

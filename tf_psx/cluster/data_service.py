@@ -1,0 +1,101 @@
+"""The tf.data service beside a cluster: a dispatcher and data workers that read and parse the input.
+
+`fit` reads its input on the coordinator and sends each step's batches
+with the step (tf_psx._tf.fit_inputs): that makes an epoch exact, and
+bounds the input rate by one process. Where that process cannot read and
+parse fast enough, the pipeline can run on tf.data service workers (on any
+hosts) while the coordinator only receives ready batches:
+
+    with tf_psx.LocalCluster(num_workers=2, num_ps=1, data_workers=2) as cluster:
+        ...
+        dataset = dataset.apply(tf.data.experimental.service.distribute(
+            processing_mode="distributed_epoch", service=cluster.data_service))
+        model.fit(dataset, epochs=3)
+
+In "distributed_epoch" mode the dispatcher hands each split of the source
+(files, or ranges of `from_tensor_slices` / `range`) to one data worker, so
+each element is read once per pass while nothing fails, and the epochs of
+`fit` stay exact (every batch the coordinator receives is one step).
+
+Processes: `python -m tf_psx.cluster.data_service dispatcher --port P` and
+`python -m tf_psx.cluster.data_service worker --port Q --dispatcher HOST:P`;
+each prints `tf_psx.server.READY_MARK` once it listens and stops on SIGTERM
+(exit status 0), as `tf_psx.server` does, so `LocalCluster(processes=True)`
+supervises them like its other tasks.
+
+Known limitations:
+  * With more than one data worker the order of the elements differs from
+    run to run, so a resumed `fit` skips to the right step of another order
+    (examples of the resumed epoch can repeat or be missed); an exact resume
+    needs one data worker or the coordinator's own reading.
+  * A data worker that dies loses the elements of its split in that pass
+    (the tf.data service visits each element at most once).
+  * A source that cannot be split (`from_generator`, a Python iterator)
+    cannot use "distributed_epoch".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+from tf_psx.cluster.server import READY_MARK, SIGNAL_POLL_S
+
+DISPATCHER, WORKER = "data_dispatcher", "data_worker"
+
+
+def address(port: int, host: str = "127.0.0.1") -> str:
+    """The service address `distribute(service=...)` takes."""
+    return f"grpc://{host}:{port}"
+
+
+def start_in_process(port: int, num_workers: int, worker_ports: list[int]) -> list:
+    """Starts a dispatcher on `port` and `num_workers` data workers in this process; returns the servers."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    service = tf.data.experimental.service
+    servers = [service.DispatchServer(service.DispatcherConfig(port=port))]
+    for worker_port in worker_ports[:num_workers]:
+        servers.append(service.WorkerServer(service.WorkerConfig(
+            dispatcher_address=f"127.0.0.1:{port}", worker_address=f"127.0.0.1:{worker_port}", port=worker_port)))
+    return servers
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs a dispatcher or a data worker until SIGTERM or SIGINT."""
+    parser = argparse.ArgumentParser(prog="python -m tf_psx.cluster.data_service")
+    parser.add_argument("role", choices=("dispatcher", "worker"))
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--dispatcher", help="HOST:PORT of the dispatcher (role worker)")
+    parser.add_argument("--host", default="127.0.0.1", help="the address other processes reach this one at")
+    args = parser.parse_args(argv)
+    if args.role == "worker" and not args.dispatcher:
+        print("tf_psx.cluster.data_service: a worker needs --dispatcher HOST:PORT; received none. "
+              "Fix: pass the dispatcher's address.", file=sys.stderr, flush=True)
+        return 2
+
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    service = tf.data.experimental.service
+    if args.role == "dispatcher":
+        server = service.DispatchServer(service.DispatcherConfig(port=args.port))
+        name = f"{DISPATCHER}:0"
+    else:
+        server = service.WorkerServer(service.WorkerConfig(
+            dispatcher_address=args.dispatcher, worker_address=f"{args.host}:{args.port}", port=args.port))
+        name = f"{WORKER}:{args.port}"
+    print(f"{READY_MARK} {name} pid={os.getpid()}", flush=True)
+    while not stop.wait(SIGNAL_POLL_S):
+        pass
+    del server
+    os._exit(0)  # pylint: disable=protected-access  (gRPC servers have no clean shutdown in TF 2.16)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
