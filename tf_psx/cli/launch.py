@@ -54,6 +54,11 @@ def _add_launch(subparsers: Any) -> None:
         "--metrics-port", type=int, metavar="P",
         help="serve Prometheus metrics of the tasks on P; the chief's ClusterMonitor serves training metrics on P+1",
     )
+    parser.add_argument(
+        "--data-workers", type=int, default=0, metavar="N",
+        help="also run a tf.data service dispatcher and N data workers; the chief gets its address in "
+             "$TF_PSX_DATA_SERVICE (docs/guides/input.md)",
+    )
     parser.add_argument("command", nargs="*", metavar="CMD", help="after --: the chief's command")
     parser.set_defaults(run=_run_launch)
 
@@ -79,6 +84,7 @@ def _run_launch(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port,
             intra_op_threads=_int_or_word(args.intra_op_threads),
             inter_op_threads=args.inter_op_threads,
+            data_workers=args.data_workers,
         )
         return launcher.run()
     except launch.LaunchError as err:

@@ -21,7 +21,12 @@ Processes: `python -m tf_psx.cluster.data_service dispatcher --port P` and
 `python -m tf_psx.cluster.data_service worker --port Q --dispatcher HOST:P`;
 each prints `tf_psx.server.READY_MARK` once it listens and stops on SIGTERM
 (exit status 0), as `tf_psx.server` does, so `LocalCluster(processes=True)`
-supervises them like its other tasks.
+and `tf-psx launch --data-workers N` supervise them like their other tasks.
+Under the launcher the chief finds the address in `$TF_PSX_DATA_SERVICE`;
+`service_address(cluster)` gives either:
+
+    with tf_psx.launched_or(tf_psx.LocalCluster(2, 1, data_workers=2)) as cluster:
+        service = data_service.service_address(cluster)  # from tf_psx.cluster import data_service
 
 Known limitations:
   * With more than one data worker the order of the elements differs from
@@ -45,11 +50,50 @@ import threading
 from tf_psx.cluster.server import READY_MARK, SIGNAL_POLL_S
 
 DISPATCHER, WORKER = "data_dispatcher", "data_worker"
+TASK_TYPES = (DISPATCHER, WORKER)
+# The dispatcher's address, in the environment of a launched chief.
+ENV = "TF_PSX_DATA_SERVICE"
+_MODULE = "tf_psx.cluster.data_service"
 
 
 def address(port: int, host: str = "127.0.0.1") -> str:
     """The service address `distribute(service=...)` takes."""
     return f"grpc://{host}:{port}"
+
+
+def service_address(cluster=None) -> str:
+    """The dispatcher of `cluster` (a started LocalCluster with data workers) or, without one, of `$TF_PSX_DATA_SERVICE`.
+
+    Raises:
+      StateError: neither has one.
+    """
+    from tf_psx.errors import StateError  # pylint: disable=import-outside-toplevel
+
+    found = getattr(cluster, "data_service", None) if cluster is not None else os.environ.get(ENV)
+    if not found:
+        where = "this LocalCluster" if cluster is not None else f"${ENV} (set by tf-psx launch --data-workers N)"
+        raise StateError(f"No tf.data service: {where} has none. Fix: LocalCluster(..., data_workers=2), or "
+                         "tf-psx launch --data-workers 2.")
+    return found
+
+
+def task_commands(ports: list[int], host: str = "127.0.0.1") -> list[tuple[tuple[str, int], list[str]]]:
+    """((task type, index), argv) of a dispatcher on ports[0] and a data worker on each further port."""
+    module = [sys.executable, "-m", _MODULE]
+    commands = [((DISPATCHER, 0), [*module, "dispatcher", "--port", str(ports[0])])]
+    commands += [((WORKER, index), [*module, "worker", "--port", str(port), "--dispatcher", f"{host}:{ports[0]}",
+                                    "--host", host]) for index, port in enumerate(ports[1:])]
+    return commands
+
+
+def task_env(base) -> dict[str, str]:
+    """The environment of a dispatcher or data worker process: no TF_CONFIG, no GPU, quiet TF, unbuffered lines."""
+    from tf_psx.cluster import TF_CONFIG_ENV  # pylint: disable=import-outside-toplevel
+
+    env = {key: value for key, value in base.items() if key not in (TF_CONFIG_ENV, ENV)}
+    env.update(PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
 
 
 def start_in_process(port: int, num_workers: int, worker_ports: list[int]) -> list:
@@ -66,7 +110,7 @@ def start_in_process(port: int, num_workers: int, worker_ports: list[int]) -> li
 
 def main(argv: list[str] | None = None) -> int:
     """Runs a dispatcher or a data worker until SIGTERM or SIGINT."""
-    parser = argparse.ArgumentParser(prog="python -m tf_psx.cluster.data_service")
+    parser = argparse.ArgumentParser(prog=f"python -m {_MODULE}")
     parser.add_argument("role", choices=("dispatcher", "worker"))
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--dispatcher", help="HOST:PORT of the dispatcher (role worker)")

@@ -338,16 +338,9 @@ class LocalCluster(ClusterSource):
             self.data_service = _INPROCESS_DATA_SERVICES[self.data_workers][0]
             return
         ports = free_ports(self.data_workers + 1)
-        env = {k: v for k, v in os.environ.items() if k != TF_CONFIG_ENV}
-        env.update(PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        module = [sys.executable, "-m", "tf_psx.cluster.data_service"]
-        commands = [((_data_service.DISPATCHER, 0), [*module, "dispatcher", "--port", str(ports[0])])]
-        commands += [((_data_service.WORKER, i), [*module, "worker", "--port", str(port),
-                                                  "--dispatcher", f"{LOOPBACK}:{ports[0]}"])
-                     for i, port in enumerate(ports[1:])]
+        env = _data_service.task_env(os.environ)
         tasks = []
-        for (task_type, index), argv in commands:
+        for (task_type, index), argv in _data_service.task_commands(ports, LOOPBACK):
             task = _supervisor.TaskProcess(task_type, index, argv, env,
                                            os.path.join(self.log_dir, f"{task_type}-{index}.log"))
             self._tasks[(task_type, index)] = task

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from tf_psx import _checks, _quiet, metrics as _metrics, stalls as _stalls
 from tf_psx._tf import runtime as _runtime
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig
-from tf_psx.cluster import server as _server, supervisor as _supervisor
+from tf_psx.cluster import data_service as _data_service, server as _server, supervisor as _supervisor
 from tf_psx.cluster.ports import LOOPBACK, free_ports
 from tf_psx.errors import LaunchError
 from tf_psx.launch.contract import (
@@ -107,6 +107,9 @@ class Launcher(RescaleMixin):
         job (the chief and the evaluator included).
       inter_op_threads: each ps and worker task's inter-op threads, or None
         for the default (workers: at least one per worker plus one).
+      data_workers: tf.data service workers to run, with their dispatcher
+        (tf_psx.cluster.data_service); the chief gets the dispatcher's
+        address in `$TF_PSX_DATA_SERVICE`. A dead one is restarted.
       out: where task output is streamed (stdout when None).
       err: where the launcher's own messages go (stderr when None).
 
@@ -131,6 +134,7 @@ class Launcher(RescaleMixin):
         metrics_host: str = "0.0.0.0",
         intra_op_threads: int | str = "auto",
         inter_op_threads: int | None = None,
+        data_workers: int = 0,
     ):
         if isinstance(command, str) or not isinstance(command, Sequence) or not command or not all(
             isinstance(part, str) and part for part in command
@@ -161,6 +165,8 @@ class Launcher(RescaleMixin):
         self.max_restarts = _checks.int_at_least(
             max_restarts, 0, "Option `--max-restarts`", fix=f"pass e.g. --max-restarts {DEFAULT_MAX_RESTARTS}", error=LaunchError
         )
+        self.data_workers = _checks.int_at_least(data_workers, 0, "Option `--data-workers`", error=LaunchError,
+                                                 fix="pass e.g. --data-workers 2, or leave it out")
         self.evaluator = bool(evaluator)
         self.isolate = bool(isolate)
         if metrics_port is not None and not (_checks.is_int_at_least(metrics_port, 1) and metrics_port < 65535):
@@ -263,6 +269,8 @@ class Launcher(RescaleMixin):
         args += ["--intra-op-threads", str(self.intra_op_threads)]
         if self.inter_op_threads is not None:
             args += ["--inter-op-threads", str(self.inter_op_threads)]
+        if self.data_workers:
+            args += ["--data-workers", str(self.data_workers)]
         return [*args, "--", *self.command]
 
     def _run_isolated(self) -> int:
@@ -318,6 +326,11 @@ class Launcher(RescaleMixin):
         # The stall doctor in the chief finds the tasks' pids here (rewritten on every start).
         self._pids_file = os.path.join(self.log_dir, PIDS_FILE)
         user_env[_stalls.PIDS_FILE_ENV] = self._pids_file
+        if self.data_workers:
+            data_ports = free_ports(self.data_workers + 1)
+            for (task_type_, index), argv in _data_service.task_commands(data_ports, LOOPBACK):
+                self._add_task(task_type_, index, argv, _data_service.task_env(base))
+            user_env[_data_service.ENV] = _data_service.address(data_ports[0])
         self._add_task("chief", 0, self.command, dict(user_env, **{TF_CONFIG_ENV: self.config.to_json("chief", 0)}))
         if self.evaluator:
             env = dict(user_env, **{TF_CONFIG_ENV: self.config.to_json("evaluator", 0)})
@@ -337,6 +350,9 @@ class Launcher(RescaleMixin):
             if task.task_type in SERVER_TYPES and (task_type_ is None or task.task_type == task_type_)
         ]
 
+    def _data_tasks(self) -> list[_supervisor.TaskProcess]:
+        return [task for task in self._tasks.values() if task.task_type in _data_service.TASK_TYPES]
+
     def _supervise(self) -> int:
         self._build_tasks()
         if in_private_namespace():
@@ -349,7 +365,7 @@ class Launcher(RescaleMixin):
         self._say(f"cluster: {self._address_list()}; logs in {self.log_dir}")
         self._serve_metrics()
         write_json(os.path.join(self.log_dir, LAUNCHER_FILE), {"pid": os.getpid(), "workers": self.num_workers})
-        code = self._start_and_wait(self._servers(), "exited while starting")
+        code = self._start_and_wait(self._servers() + self._data_tasks(), "exited while starting")
         if code is not None:
             return code
         if self._signal is not None:
@@ -372,7 +388,7 @@ class Launcher(RescaleMixin):
                     code = self._recover_ps(task, chief)
                     if code is not None:
                         return code
-            for task in self._servers("worker"):
+            for task in self._servers("worker") + self._data_tasks():
                 if not task.alive():
                     if self.restarts >= self.max_restarts:
                         return self._give_up(task, "exited")
@@ -538,7 +554,7 @@ class Launcher(RescaleMixin):
         _supervisor.stop(tasks, first_signal)
 
     def _stop_all(self) -> None:
-        order = ["chief", "evaluator", "worker", "ps"]
+        order = ["chief", "evaluator", "worker", "ps", *_data_service.TASK_TYPES]
         tasks = sorted(self._tasks.values(), key=lambda task: order.index(task.task_type))
         self._stop(tasks)
         if self.metrics_server is not None:
