@@ -217,6 +217,38 @@ def test_k8s_writes_to_stdout_without_o(run):
     assert manifest == tfjob_manifest("ctr", "img:1", ["python", "train.py"], workers=2, ps=1, port=2345)
 
 
+def test_k8s_data_workers_add_the_data_service_and_give_the_chief_its_address(run):
+    status, out, err = run(*K8S_ARGS, "--evaluator", "--cpu", "2", "--data-workers", "3", "--", "python", "train.py")
+    assert status == 0, err
+    assert "a tf.data service of 3 data worker(s)" in err
+    job, dispatcher, service, workers = yaml.safe_load_all(out)
+    jsonschema.validate(job, SCHEMA, cls=jsonschema.Draft202012Validator)
+    address = {"name": "TF_PSX_DATA_SERVICE", "value": "grpc://ctr-data-dispatcher:5050"}
+    specs = job["spec"]["tfReplicaSpecs"]
+    for rtype in ("Chief", "Evaluator"):
+        assert address in specs[rtype]["template"]["spec"]["containers"][0]["env"]
+    for rtype in ("Worker", "PS"):
+        assert address not in specs[rtype]["template"]["spec"]["containers"][0]["env"]
+    assert (dispatcher["kind"], service["kind"], workers["kind"]) == ("Deployment", "Service", "Deployment")
+    assert service["metadata"]["name"] == "ctr-data-dispatcher" and service["spec"]["ports"][0]["port"] == 5050
+    assert service["spec"]["selector"] == dispatcher["spec"]["template"]["metadata"]["labels"]
+    assert workers["spec"]["replicas"] == 3
+    (container,) = workers["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "-m", "tf_psx.cluster.data_service", "worker", "--port", "5051",
+                                    "--dispatcher", "ctr-data-dispatcher:5050", "--host", "$(POD_IP)"]
+    assert container["resources"] == {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}}
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--data-workers", "-1"], r"Option `--data-workers` must be an int >= 1 .*Received: -1"),
+    (["--data-workers", "2", "--tls-secret", "ctr-tls"], r"Option `--data-workers` cannot be used with a TLS secret"),
+])
+def test_k8s_bad_data_workers_exit_2_naming_the_option(run, extra, match):
+    status, out, err = run(*K8S_ARGS, *extra, "--", "python", "train.py")
+    assert (status, out) == (2, "")
+    assert re.search(match, err) and "Fix: " in err, err
+
+
 @pytest.mark.parametrize(
     "replace, match",
     [

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from tf_psx.cli.common import EXIT_OK, PROG
+from tf_psx.cluster import k8s_data as _k8s_data
 from tf_psx.cluster.k8s import DEFAULT_PORT, ManifestError, network_policy, tfjob_manifest
 from tf_psx.errors import CommandError
 
@@ -26,6 +27,7 @@ _K8S_OPTION_LABELS = {
     "namespace": "Option `--namespace`",
     "port": "Option `--port`",
     "tls_secret": "Option `--tls-secret`",
+    "data_workers": "Option `--data-workers`",
 }
 
 
@@ -57,6 +59,11 @@ def _add_k8s(subparsers: Any) -> None:
         help="the tasks talk over mutual TLS only (tf_psx.tlsmesh), with the certificates of this secret "
              "(ca.crt, tls.crt, tls.key); a NetworkPolicy admitting only --port is written too",
     )
+    parser.add_argument(
+        "--data-workers", type=int, default=0, metavar="N",
+        help="add a tf.data service: a dispatcher and N data workers (Deployments); the Chief gets its address "
+             "in $TF_PSX_DATA_SERVICE",
+    )
     parser.add_argument("-o", "--output", metavar="FILE", help="write the YAML to FILE instead of stdout")
     parser.add_argument("command", nargs="*", metavar="CMD", help="after --: the chief's command")
     parser.set_defaults(run=_run_k8s)
@@ -86,14 +93,21 @@ def _run_k8s(args: argparse.Namespace) -> int:
         documents = [manifest]
         if args.tls_secret is not None:
             documents.append(network_policy(args.name, namespace=args.namespace, port=args.port))
+        if args.data_workers:
+            resources = manifest["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"][0].get("resources")
+            documents += _k8s_data.data_service_manifests(args.name, args.image, args.data_workers, args.namespace,
+                                                          resources, args.tls_secret)
+            _k8s_data.give_address(manifest)
     except ManifestError as err:
         label = _K8S_OPTION_LABELS.get(err.argument)
         raise CommandError(err.renamed(label) if label else str(err)) from None
     text = yaml.safe_dump_all(documents, sort_keys=False, default_flow_style=False)
     replicas = {rtype: spec["replicas"] for rtype, spec in manifest["spec"]["tfReplicaSpecs"].items()}
     summary = ", ".join(f"{count} {rtype}" for rtype, count in replicas.items())
-    if len(documents) > 1:
+    if args.tls_secret is not None:
         summary += "; TLS only, with its NetworkPolicy"
+    if args.data_workers:
+        summary += f"; a tf.data service of {args.data_workers} data worker(s)"
     if args.output is None:
         sys.stdout.write(text)
         print(f"{PROG} k8s: wrote TFJob {args.name} ({summary}) to stdout", file=sys.stderr)
