@@ -18,7 +18,13 @@ Variants, each in a fresh process:
 * creator_straggler, exact_arrays_straggler: worker 0 stopped for 20 ms of
   every 30 ms (SIGSTOP/SIGCONT from another process: 3x slower);
 * creator_spe10, exact_dataset_spe10: `steps_per_execution=10`, the
-  setting TF's parameter-server tutorial advises.
+  setting TF's parameter-server tutorial advises;
+* exact_service: exact_dataset's pipeline read by a tf.data service
+  ("distributed_epoch", one data worker task process that LocalCluster
+  starts): the coordinator receives ready batches instead of reading them.
+  On one 2-core machine the data worker shares the cores with everything
+  else, so this shows the coordinator's CPU per step, not the gain of
+  readers on other hosts.
 
 Each process fits one warm-up epoch (the trace) and times the second; the
 examples/s and the CPU ms per step of every process are read over it. The
@@ -44,7 +50,7 @@ STEPS = 100  # batches of one epoch (warm-up epoch, then the timed one)
 ROUNDS = 5
 WORKERS = 2
 VARIANTS = ["creator", "exact_dataset", "exact_arrays", "exact_arrays_verbose", "creator_straggler",
-            "exact_arrays_straggler", "creator_spe10", "exact_dataset_spe10"]
+            "exact_arrays_straggler", "creator_spe10", "exact_dataset_spe10", "exact_service"]
 
 
 def child(variant: str) -> None:
@@ -54,7 +60,8 @@ def child(variant: str) -> None:
     from _common import Straggler, _cpu_ms  # pylint: disable=import-outside-toplevel
     from fused_embeddings import BATCH, batches, build  # pylint: disable=import-outside-toplevel
 
-    cluster = tf_psx.LocalCluster(num_workers=WORKERS, num_ps=2, processes=True).start()
+    cluster = tf_psx.LocalCluster(num_workers=WORKERS, num_ps=2, processes=True,
+                                  data_workers=1 if variant == "exact_service" else 0).start()
     slow = None
     try:
         strategy = tf_psx.ParameterServerStrategy(
@@ -65,7 +72,7 @@ def child(variant: str) -> None:
                 model.compile(model.optimizer, model.loss, steps_per_execution=10)
         ids, dense, labels = batches(26, STEPS)
         features = dict(ids, numeric=dense)
-        pids = dict(cluster.task_pids(), coordinator=os.getpid())
+        pids = dict(cluster.task_pids(), coordinator=os.getpid())  # with exact_service: the data service's too
         marks = {}
 
         class Timer(tf.keras.callbacks.Callback):
@@ -92,8 +99,11 @@ def child(variant: str) -> None:
             model.fit(features, labels, batch_size=BATCH, epochs=2, shuffle=False, verbose=verbose,
                       callbacks=[Timer()])
         else:
-            dataset = tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH).prefetch(4)
-            model.fit(dataset, epochs=2, verbose=verbose, callbacks=[Timer()])
+            dataset = tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH)
+            if variant == "exact_service":
+                dataset = dataset.apply(tf.data.experimental.service.distribute(
+                    processing_mode="distributed_epoch", service=cluster.data_service))
+            model.fit(dataset.prefetch(4), epochs=2, verbose=verbose, callbacks=[Timer()])
         applied = int(model.optimizer.iterations.numpy())
     finally:
         if slow is not None:
@@ -136,13 +146,15 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
-    chosen = parser.parse_args().variants.split(",")
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    options = parser.parse_args()
+    chosen, rounds = options.variants.split(","), options.rounds
     unknown = sorted(set(chosen) - set(VARIANTS))
     if unknown:
         raise SystemExit(f"exact_fit: unknown variant(s) {unknown}; choose from {VARIANTS}")
     chosen = [v for v in VARIANTS if v in chosen]
     runs: dict[str, list[dict]] = {v: [] for v in chosen}
-    for round_index in range(ROUNDS):
+    for round_index in range(rounds):
         order = chosen[round_index % len(chosen):] + chosen[:round_index % len(chosen)]
         for variant in order:
             result = _run(variant)
@@ -161,6 +173,7 @@ def main() -> None:
         ("exact arrays / per-worker, one 3x straggler", "exact_arrays_straggler", "creator_straggler", 0.9),
         ("verbose=1 / verbose=0 (exact arrays)", "exact_arrays_verbose", "exact_arrays", 0.98),
         ("exact dataset / per-worker, steps_per_execution=10", "exact_dataset_spe10", "creator_spe10", 0.95),
+        ("exact over a tf.data service / exact dataset", "exact_service", "exact_dataset", None),
     ]
     rows = [_ratio_row(metric, ratios(top, bottom), target) for metric, top, bottom, target in comparisons
             if top in runs and bottom in runs]
@@ -171,7 +184,7 @@ def main() -> None:
     setup = (f"26-feature Criteo-shaped model (FeatureEmbeddings, MLP 400-400-400, Adagrad), batch 512, "
              f"{WORKERS} workers + 2 ps task processes, steps_per_execution=1 (10 where named), prefetch 4; "
              f"{STEPS} timed steps after "
-             f"a warm-up epoch; {ROUNDS} interleaved rounds, a fresh process per run; median and spread (min-max)")
+             f"a warm-up epoch; {rounds} interleaved rounds, a fresh process per run; median and spread (min-max)")
     if len(chosen) < len(VARIANTS):
         setup += f"; this run measured {', '.join(chosen)}, the other rows are kept from an earlier run"
     write_result("exact_fit", setup, rows + kept_rows("exact_fit", rows), extra={"runs": runs, "machine": machine()})
