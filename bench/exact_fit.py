@@ -24,7 +24,9 @@ Variants, each in a fresh process:
   starts): the coordinator receives ready batches instead of reading them.
   On one 2-core machine the data worker shares the cores with everything
   else, so this shows the coordinator's CPU per step, not the gain of
-  readers on other hosts.
+  readers on other hosts;
+* exact_arrays_nojournal: exact_arrays with `tf_psx.step_once.JOURNAL`
+  off (no copy of the rows an update writes): what the journal costs.
 
 Each process fits one warm-up epoch (the trace) and times the second; the
 examples/s and the CPU ms per step of every process are read over it. The
@@ -50,7 +52,7 @@ STEPS = 100  # batches of one epoch (warm-up epoch, then the timed one)
 ROUNDS = 5
 WORKERS = 2
 VARIANTS = ["creator", "exact_dataset", "exact_arrays", "exact_arrays_verbose", "creator_straggler",
-            "exact_arrays_straggler", "creator_spe10", "exact_dataset_spe10", "exact_service"]
+            "exact_arrays_straggler", "creator_spe10", "exact_dataset_spe10", "exact_service", "exact_arrays_nojournal"]
 
 
 def child(variant: str) -> None:
@@ -60,6 +62,11 @@ def child(variant: str) -> None:
     from _common import Straggler, _cpu_ms  # pylint: disable=import-outside-toplevel
     from fused_embeddings import BATCH, batches, build  # pylint: disable=import-outside-toplevel
 
+    if variant.endswith("_nojournal"):  # the journal's cost (tf_psx.step_once.JOURNAL)
+        from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+
+        step_once.JOURNAL = False
+        variant = variant[: -len("_nojournal")]
     cluster = tf_psx.LocalCluster(num_workers=WORKERS, num_ps=2, processes=True,
                                   data_workers=1 if variant == "exact_service" else 0).start()
     slow = None
@@ -174,6 +181,7 @@ def main() -> None:
         ("verbose=1 / verbose=0 (exact arrays)", "exact_arrays_verbose", "exact_arrays", 0.98),
         ("exact dataset / per-worker, steps_per_execution=10", "exact_dataset_spe10", "creator_spe10", 0.95),
         ("exact over a tf.data service / exact dataset", "exact_service", "exact_dataset", None),
+        ("journal on / off (exact arrays)", "exact_arrays", "exact_arrays_nojournal", None),
     ]
     rows = [_ratio_row(metric, ratios(top, bottom), target) for metric, top, bottom, target in comparisons
             if top in runs and bottom in runs]

@@ -74,8 +74,14 @@ SUMMARY = {
     "exact_fit": (
         "Does an exact `fit` epoch (every example once) cost speed against each worker reading its own part?",
         "exact arrays / per-worker, equal workers",
-        "At steps_per_execution=10 the coordinator reads a per-element tf.data pipeline (~3.4 ms per batch) for "
-        "every step; a batched input or a reader on more cores would change it."),
+        "Missed in the run of 2026-12-05, after the crash journal (tf_psx.step_once) and its pending mark were "
+        "added: each exact update now also saves the rows it writes and runs a roll-back check, about 3-4 CPU ms "
+        "more per step on the ps tasks; an A/B of the same children (3 rounds) gave exact arrays 0.87-0.94 of the "
+        "code before, and the journal's copy alone within the noise (on / off 0.97-1.06 in 5 of 6 pairs, one "
+        "outlier at 1.36). The exact dataset row (0.65) is from spells of this machine: the A/B's rounds gave it "
+        "0.96-1.11 of before. Over a tf.data service on the same 2 cores the dispatcher and the data worker cost "
+        "50-55 CPU ms per step while the coordinator's falls from 12.5-14.6 to 7.6-8.9 ms: it pays only with "
+        "readers on other hosts."),
     "overhead": (
         "Does tf_psx's strategy cost speed against raw TF on the same cluster?",
         "ratio tf_psx / raw TF", ""),

@@ -67,6 +67,9 @@ _JOURNALS_ATTR = "_tf_psx_journals"
 # static (a variable holds at most its own rows). 16384 rows of 16 float32s
 # are 1 MB per written variable.
 JOURNAL_ROWS = 16384
+# False turns the journal off (an update cut off midway is then applied again
+# by its re-run and counted "unsure"): for measuring what the journal costs.
+JOURNAL = True
 
 
 def current():
@@ -198,7 +201,7 @@ def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, who
     if step is None:
         return apply()
     token, kind = step
-    writes, whole = list(writes), list(whole)
+    writes, whole = (list(writes), list(whole)) if JOURNAL else ([], [])
     ring = _ring(owner, key, kind, variable_scope, extra=_UPDATE_EXTRA)
     journal = _journal(owner, key, kind, variable_scope, writes, whole, rows) if writes + whole else None
     # One gather and one scatter: the token's slot, the counts and the pending mark (read and written under the lock).

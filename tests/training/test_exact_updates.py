@@ -312,3 +312,22 @@ def test_an_update_too_big_for_its_journal_cut_off_midway_is_counted_unsure(monk
     step(tf.constant(2, tf.int64), tf.constant(False), tf.constant([1, 2], tf.int64))
     assert table.numpy()[:, 0].tolist() == [1, 2, 2, 0]
     assert step_once.counts(owner) == {"skipped": 0, "unsure": 1, "rolled_back": 1}
+
+
+def test_without_the_journal_an_update_cut_off_midway_is_applied_again_and_counted(monkeypatch):
+    # step_once.JOURNAL = False (for measuring the journal's cost): the
+    # pending mark still tells, so the double application is counted.
+    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+
+    class Owner:
+        pass
+
+    monkeypatch.setattr(step_once, "JOURNAL", False)
+    owner = Owner()
+    table, accumulator = tf.Variable(tf.zeros([4, 1])), tf.Variable(tf.zeros([4, 1]))
+    step = _row_step(owner, table, accumulator)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        step(1, cut=True)
+    step(1)
+    assert table.numpy()[:, 0].tolist() == [2, 0, 2, 0]
+    assert step_once.counts(owner) == {"skipped": 0, "unsure": 1, "rolled_back": 0}
