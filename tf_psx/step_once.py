@@ -140,18 +140,24 @@ def _save(journal, writes, whole, rows):
     rows = tf.cast(rows, tf.int64)
     count = tf.size(rows, out_type=tf.int64)
 
-    def by_rows():
-        positions = tf.range(count)
-        ops = [saved.scatter_update(tf.IndexedSlices(variable.sparse_read(rows), positions))
+    def by_rows(chosen, number):
+        positions = tf.range(number)
+        ops = [saved.scatter_update(tf.IndexedSlices(variable.sparse_read(chosen), positions))
                for variable, saved in zip(writes, values)]
-        ops.append(indices.scatter_update(tf.IndexedSlices(rows, positions)))
+        ops.append(indices.scatter_update(tf.IndexedSlices(chosen, positions)))
         with tf.control_dependencies(ops + entire):  # the count last: it says the rows are there
-            return indices.scatter_update(tf.IndexedSlices(tf.reshape(count, [1]), [capacity])).op
+            return indices.scatter_update(tf.IndexedSlices(tf.reshape(number, [1]), [capacity])).op
 
-    def too_many():
+    def nothing():
         return indices.scatter_update(tf.IndexedSlices(tf.constant([-1], tf.int64), [capacity])).op
 
-    return tf.cond(count <= capacity, by_rows, too_many)
+    def deduplicated():
+        # Repeated rows (a batch's ids) are saved once: a small table fits whatever the batch.
+        unique = tf.unique(rows).y
+        number = tf.size(unique, out_type=tf.int64)
+        return tf.cond(number <= capacity, lambda: by_rows(unique, number), nothing)
+
+    return tf.cond(count <= capacity, lambda: by_rows(rows, count), deduplicated)
 
 
 def _restore(journal, writes, whole):
@@ -188,9 +194,9 @@ def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, who
         slots), saved before it runs and restored if it is cut off midway
         (module docstring); () for an update with no journal.
       rows: the rows of `writes` the update writes (a sparse gradient's
-        indices), or None: all of them. More rows than the journal holds
-        (`JOURNAL_ROWS` when their number is not static) are not saved: cut
-        off midway, such an update counts as "unsure".
+        indices), or None: all of them. More distinct rows than the journal
+        holds (`JOURNAL_ROWS` when their number is not static) are not
+        saved: cut off midway, such an update counts as "unsure".
       whole: more variables `apply` writes, saved whole whatever `rows`
         (a per-variable step counter).
 

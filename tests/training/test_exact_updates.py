@@ -312,6 +312,12 @@ def test_an_update_too_big_for_its_journal_cut_off_midway_is_counted_unsure(monk
     step(tf.constant(2, tf.int64), tf.constant(False), tf.constant([1, 2], tf.int64))
     assert table.numpy()[:, 0].tolist() == [1, 2, 2, 0]
     assert step_once.counts(owner) == {"skipped": 0, "unsure": 1, "rolled_back": 1}
+    # Repeated rows are saved once: two indices of one row fit a journal of one row.
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        step(tf.constant(3, tf.int64), tf.constant(True), tf.constant([3, 3], tf.int64))
+    step(tf.constant(3, tf.int64), tf.constant(False), tf.constant([3, 3], tf.int64))
+    assert table.numpy()[:, 0].tolist() == [1, 2, 2, 2]  # row 3: two indices per application, applied once
+    assert step_once.counts(owner) == {"skipped": 0, "unsure": 1, "rolled_back": 2}
 
 
 def test_without_the_journal_an_update_cut_off_midway_is_applied_again_and_counted(monkeypatch):
