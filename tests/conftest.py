@@ -10,6 +10,7 @@ holds what.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -69,6 +70,12 @@ def run_script(name: str, *args: str, env: dict | None = None, timeout: float = 
         cwd=REPO,
         check=False,
     )
+
+
+def script_results(result) -> list[dict]:
+    """The `RESULT {json}` lines of a script run by `run_script`, parsed; fails the test when it exited non-zero."""
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
 
 
 # The tiers (STYLE.md, "A test"). Each test file declares the tier of most of

@@ -196,8 +196,7 @@ def _execute_unordered(lock, update, step, ready=()):
     as the step started and held while the worker computed the gradient
     (read from TF 2.16.2's critical_section_ops.py; a worker killed before
     sending it would leave the lock waiting on it). With `ready`, the lock
-    is taken once they are on the ps. The stalls of the worker-kill test
-    (tests/scripts/exact_crash.py) remain with this change.
+    is taken once they are on the ps.
     """
     with tf.control_dependencies(ready):
         output = _lock_release.run_unordered(lock, update)

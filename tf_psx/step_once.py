@@ -128,12 +128,19 @@ def _journal(owner, key: str, kind: str, variable_scope, writes, whole, rows):
     return journal
 
 
+def _pairs(journal, writes, whole):
+    """(variable, saved) pairs of the journal: (those saved by rows, those saved whole)."""
+    indices, values = journal
+    variables = list(writes) + list(whole)
+    by_rows = len(writes) if indices is not None else 0
+    return list(zip(variables[:by_rows], values[:by_rows])), list(zip(variables[by_rows:], values[by_rows:]))
+
+
 def _save(journal, writes, whole, rows):
     """Copies what the update will write into the journal (rows: the gradient's indices, or None); returns the op."""
-    indices, values = journal
-    entire = [saved.assign(variable.read_value(), read_value=False)
-              for variable, saved in zip(whole if indices is not None else list(writes) + list(whole),
-                                         values[len(writes):] if indices is not None else values)]
+    indices, _ = journal
+    row_pairs, entire_pairs = _pairs(journal, writes, whole)
+    entire = [saved.assign(variable.read_value(), read_value=False) for variable, saved in entire_pairs]
     if indices is None:
         return tf.group(entire)
     capacity = int(indices.shape[0]) - 1
@@ -143,7 +150,7 @@ def _save(journal, writes, whole, rows):
     def by_rows(chosen, number):
         positions = tf.range(number)
         ops = [saved.scatter_update(tf.IndexedSlices(variable.sparse_read(chosen), positions))
-               for variable, saved in zip(writes, values)]
+               for variable, saved in row_pairs]
         ops.append(indices.scatter_update(tf.IndexedSlices(chosen, positions)))
         with tf.control_dependencies(ops + entire):  # the count last: it says the rows are there
             return indices.scatter_update(tf.IndexedSlices(tf.reshape(number, [1]), [capacity])).op
@@ -162,16 +169,15 @@ def _save(journal, writes, whole, rows):
 
 def _restore(journal, writes, whole):
     """Writes the journal back (an update cut off midway); returns True, or False when nothing was saved."""
-    indices, values = journal
-    entire_pairs = list(zip(whole if indices is not None else list(writes) + list(whole),
-                            values[len(writes):] if indices is not None else values))
+    indices, _ = journal
+    row_pairs, entire_pairs = _pairs(journal, writes, whole)
 
     def write_back(positions=None):
         ops = [variable.assign(saved.read_value(), read_value=False) for variable, saved in entire_pairs]
         if positions is not None:
             rows = indices.sparse_read(positions)
             ops += [variable.scatter_update(tf.IndexedSlices(saved.sparse_read(positions), rows))
-                    for variable, saved in zip(writes, values)]
+                    for variable, saved in row_pairs]
         with tf.control_dependencies(ops):
             return tf.constant(True)
 

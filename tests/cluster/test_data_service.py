@@ -11,15 +11,13 @@ import pytest
 import tf_psx
 from tf_psx.cluster import data_service
 
-from conftest import run_script
+from conftest import run_script, script_results
 from launch_harness import SCRIPTS, LaunchRun
 
 
 def _result(*args) -> dict:
-    result = run_script("data_service_fit.py", *args)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    (line,) = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    return json.loads(line[len("RESULT "):])
+    (result,) = script_results(run_script("data_service_fit.py", *args))
+    return result
 
 
 @pytest.mark.processes

@@ -215,3 +215,12 @@ def test_task_processes_run_with_the_thread_pools_asked():
     auto = threads_per_task(3)
     for task, text in logs.items():
         assert f"tf_psx.server threads: intra_op={auto} inter_op=3" in text, (task, text[-2000:])
+
+
+def test_a_spawn_that_does_not_return_is_a_bounded_error():
+    # The spawner thread forks the task processes; a fork that hangs is
+    # reported with what was being started, not waited on forever.
+    from tf_psx.cluster import supervisor
+
+    with pytest.raises(tf_psx.errors.TaskFailedError, match=r"starting the process of worker:9 took over 0.05 s"):
+        supervisor._Spawner().call(lambda: time.sleep(1), "worker:9", timeout_s=0.05)  # pylint: disable=protected-access

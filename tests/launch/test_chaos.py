@@ -250,8 +250,6 @@ FEED_RESULT_RE = re.compile(r"^\[chief:0\] RESULT (?P<json>\{.*\})$")
 
 
 def test_a_chief_killed_mid_epoch_resumes_fit_with_every_record_applied_once(tmp_path):
-    import time  # pylint: disable=import-outside-toplevel
-
     snapshots = tmp_path / "snapshots"
     common = ["--workers", "2", "--ps", "1", "--snapshot-dir", str(snapshots)]
     # 20 ms per step: the kill lands between two snapshots, after steps that were applied
@@ -259,10 +257,7 @@ def test_a_chief_killed_mid_epoch_resumes_fit_with_every_record_applied_once(tmp
     args = [*FEED, "--every", str(FEED_EVERY), "--step-sleep", "0.02"]
     with LaunchRun([*common, "--log-dir", str(tmp_path / "first")], args) as run:
         _, start = run.wait_for(FEED_START_RE)
-        deadline = time.monotonic() + 240
-        while not _snapshot_path(snapshots, 40).exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert _snapshot_path(snapshots, 40).exists(), run.output[-3000:]
+        _wait_for_file(_snapshot_path(snapshots, 40), run)
         time.sleep(0.1)  # about 5 batches past the checkpoint
         os.kill(int(start["pid"]), signal.SIGKILL)
         code = run.wait()
@@ -276,11 +271,7 @@ def test_a_chief_killed_mid_epoch_resumes_fit_with_every_record_applied_once(tmp
     resumed = int(start["step"])
     assert resumed >= 40 and resumed % FEED_EVERY == 0, resumed
     assert result["done"] == FEED_RECORDS // FEED_BATCH and result["epochs"] == 1
-    # Each record was applied exactly once in the final model: every row is -LR / BATCH
-    # (a record fed twice would read -2 LR / BATCH, one skipped 0).
-    rows = result["rows"]
-    assert len(rows) == FEED_RECORDS
-    assert max(abs(row + FEED_LR / FEED_BATCH) for row in rows) <= 1e-6, sorted(set(rows))
+    _assert_every_record_once(result)
 
 
 def test_a_ps_killed_mid_epoch_resumes_fit_with_every_record_applied_once(tmp_path):
@@ -288,17 +279,12 @@ def test_a_ps_killed_mid_epoch_resumes_fit_with_every_record_applied_once(tmp_pa
     # launcher restarts the ps tasks and the chief, which restores the newest
     # snapshot and continues the epoch at its step. Every record must be in
     # the final model exactly once (rows -LR / BATCH), none lost with the ps.
-    import time  # pylint: disable=import-outside-toplevel
-
     snapshots = tmp_path / "snapshots"
     args = [*FEED, "--every", str(FEED_EVERY), "--step-sleep", "0.02"]
     with LaunchRun(["--workers", "2", "--ps", "2", "--max-restarts", "2", "--snapshot-dir", str(snapshots),
                     "--log-dir", str(tmp_path)], args) as run:
         index, first = run.wait_for(FEED_START_RE)
-        deadline = time.monotonic() + 240
-        while not _snapshot_path(snapshots, 40).exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert _snapshot_path(snapshots, 40).exists(), run.output[-3000:]
+        _wait_for_file(_snapshot_path(snapshots, 40), run)
         time.sleep(0.1)  # about 5 batches past the snapshot
         os.kill(run.pids()["ps:1"], signal.SIGKILL)
         index, _ = run.wait_for(r"^tf-psx launch: ps:1 exited with status -9 \(killed by SIGKILL\); restarting the ps tasks",
@@ -311,6 +297,14 @@ def test_a_ps_killed_mid_epoch_resumes_fit_with_every_record_applied_once(tmp_pa
     assert second["pid"] != first["pid"] and resumed >= 40 and resumed % FEED_EVERY == 0, (first, second)
     result = json.loads(match["json"])
     assert result["done"] == FEED_RECORDS // FEED_BATCH and result["epochs"] == 1
+    _assert_every_record_once(result)
+
+
+def _assert_every_record_once(result: dict) -> None:
+    """Every record of tests/scripts/exact_resume.py applied exactly once: each row is -LR / BATCH.
+
+    A record fed twice would read -2 LR / BATCH, one skipped 0.
+    """
     rows = result["rows"]
     assert len(rows) == FEED_RECORDS
     assert max(abs(row + FEED_LR / FEED_BATCH) for row in rows) <= 1e-6, sorted(set(rows))
@@ -324,7 +318,6 @@ def _snapshot_path(directory, step: int):
 
 
 def _wait_for_file(path, run: LaunchRun, timeout: float = 240) -> None:
-    import time  # pylint: disable=import-outside-toplevel
 
     deadline = time.monotonic() + timeout
     while not path.exists() and time.monotonic() < deadline:
@@ -357,9 +350,7 @@ def test_scaling_a_fit_two_to_four_to_one_trains_every_record_once(tmp_path):
     assert result["done"] == FEED_RECORDS // FEED_BATCH
     # Every record applied exactly once in the final model (see the test above): none
     # skipped by a rescale, none trained twice although steps were redone.
-    rows = result["rows"]
-    assert len(rows) == FEED_RECORDS
-    assert max(abs(row + FEED_LR / FEED_BATCH) for row in rows) <= 1e-6, sorted(set(rows))
+    _assert_every_record_once(result)
 
 
 # One crash fit under the launcher: ~2-3 min on 2 cores.

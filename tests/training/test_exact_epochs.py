@@ -9,15 +9,13 @@ trained 7 of 40 batches twice and 7 never in one epoch.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_psx
 
-from conftest import run_script
+from conftest import run_script, script_results
 from scripts import exact_epochs
 
 pytestmark = pytest.mark.processes
@@ -35,9 +33,7 @@ def _per_epoch(result) -> np.ndarray:
 
 
 def _results(*args: str) -> list[dict]:
-    result = run_script("exact_epochs.py", *args)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    return script_results(run_script("exact_epochs.py", *args))
 
 
 def _assert_exact(results: list[dict], inputs: set[str], epochs: int = 2) -> None:
@@ -90,11 +86,9 @@ def test_a_3x_straggler_does_not_change_what_an_epoch_trains():
 
 
 def _crash(workers: int) -> dict:
-    result = run_script("exact_crash.py", "--workers", str(workers), "--kills", "10", "--seed", str(workers),
-                        timeout=CRASH_TIMEOUT_S)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    (line,) = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    return json.loads(line[len("RESULT "):])
+    (result,) = script_results(run_script("exact_crash.py", "--workers", str(workers), "--kills", "10",
+                                          "--seed", str(workers), timeout=CRASH_TIMEOUT_S))
+    return result
 
 
 # One crash fit: ~2 min on 2 cores (a restarted worker takes ~10 s to be back).

@@ -11,15 +11,13 @@ ones > 1 (measured before the fix with 2 workers: stock SGD 1.37, LazyAdam
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import tensorflow as tf
 
 from tf_psx import exact_updates as _exact_updates
 from tf_psx._tf import exact_updates as _exact_door
 
-from conftest import run_script
+from conftest import run_script, script_results
 
 pytestmark = pytest.mark.unit
 
@@ -29,10 +27,6 @@ STEPS = 40
 # The issue's target: the share of the true move is 1.0000 and no row is off
 # by more than 1e-4 of the largest move.
 TOLERANCE = 1e-4
-
-
-def _results(stdout: str) -> list[dict]:
-    return [json.loads(line[len("RESULT "):]) for line in stdout.splitlines() if line.startswith("RESULT ")]
 
 
 def _check(results: list[dict], expected_pairs: int) -> None:
@@ -52,8 +46,7 @@ def test_every_layer_and_optimizer_is_exact_with_two_workers():
         "exact_updates.py", "--layer", *LAYERS, "--optimizer", *OPTIMIZERS, "--workers", "2",
         "--steps", str(STEPS), "--warn-check",
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    _check(_results(result.stdout), len(LAYERS) * len(OPTIMIZERS))
+    _check(script_results(result), len(LAYERS) * len(OPTIMIZERS))
     lines = result.stdout.splitlines()
     warned = [line for line in lines if line.startswith("WARNED ")]
     replaced = [line for line in lines if line.startswith("INFO ") and "was replaced by" in line]
@@ -70,8 +63,7 @@ def test_three_workers_on_task_processes_with_steps_per_execution():
         "exact_updates.py", "--layer", *LAYERS, "--optimizer", "adagrad", "lazyadam", "--workers", "3",
         "--processes", "--spe", "10", "--steps", str(STEPS),
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    _check(_results(result.stdout), len(LAYERS) * 2)
+    _check(script_results(result), len(LAYERS) * 2)
 
 
 def test_private_hooks_are_where_they_were_read():
@@ -139,6 +131,10 @@ def test_rerun_report_warns_per_epoch_and_fills_history_only_after_failures(capl
     assert model.history.history == {"loss": [1.0]}  # no failure: Keras's History keys unchanged
 
 
+class _Owner:
+    """What the token rings and journals of a test hang on (an optimizer in tf_psx)."""
+
+
 def _counter_step(owner, counter):
     """A traced step that bumps `counter` once per token (tf_psx.step_once.once_counter), as `iterations` is."""
     import contextlib  # pylint: disable=import-outside-toplevel
@@ -157,10 +153,7 @@ def _counter_step(owner, counter):
 def test_a_counter_bumps_once_per_token_and_a_twin_only_counts():
     from tf_psx import step_once  # pylint: disable=import-outside-toplevel
 
-    class Owner:
-        pass
-
-    owner, counter = Owner(), tf.Variable(tf.constant(0, tf.int64))
+    owner, counter = _Owner(), tf.Variable(tf.constant(0, tf.int64))
     step = _counter_step(owner, counter)
     for token in (1, 2, 2, 3, 1):  # 2 and 1 run again (a re-run's twin)
         step(tf.constant(token, tf.int64))
@@ -171,10 +164,7 @@ def test_a_counter_bumps_once_per_token_and_a_twin_only_counts():
 def test_a_counter_cancelled_between_its_two_writes_is_bumped_once_by_the_rerun():
     from tf_psx import step_once  # pylint: disable=import-outside-toplevel
 
-    class Owner:
-        pass
-
-    owner, counter = Owner(), tf.Variable(tf.constant(0, tf.int64))
+    owner, counter = _Owner(), tf.Variable(tf.constant(0, tf.int64))
     step = _counter_step(owner, counter)
     step(tf.constant(1, tf.int64))
     (ring,) = owner.__dict__["_tf_psx_token_rings"].values()  # a counter ring
@@ -191,44 +181,54 @@ def test_a_counter_cancelled_between_its_two_writes_is_bumped_once_by_the_rerun(
     assert int(counter.numpy()) == 1001
 
 
-def _row_step(owner, table, accumulator):
-    """A traced Adagrad-like update of rows 0 and 2 (accumulator first, then the rows), cut off after it on request.
+def _cut_step(owner, key, update, rows=(0,), **journal):
+    """A traced update under `step_once.once`, cut off after it on request.
 
-    `cut` aborts the function once the update is done and before its token
-    is recorded, as TF aborts a ps's part of a step whose worker died.
+    `update(rows)` makes the update's ops and returns the last one; `cut`
+    aborts the function once the update is done and before its token is
+    recorded, as TF aborts a ps's part of a step whose worker died.
+    `journal`: once's `writes` (the step's rows go with them).
     """
     import contextlib  # pylint: disable=import-outside-toplevel
 
     from tf_psx import step_once  # pylint: disable=import-outside-toplevel
     from tf_psx._tf import step_tokens  # pylint: disable=import-outside-toplevel
 
-    rows = tf.constant([0, 2], tf.int64)
-
-    @tf.function
-    def step(token, cut):
+    @tf.function(input_signature=[tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.bool), tf.TensorSpec([None], tf.int64)])
+    def step(token, cut, step_rows):
         def apply():
-            grown = accumulator.scatter_add(tf.IndexedSlices(tf.ones([2, 1]), rows))
-            with tf.control_dependencies([grown]):
-                moved = table.scatter_add(tf.IndexedSlices(tf.ones([2, 1]), rows))
-            with tf.control_dependencies([moved]):
+            with tf.control_dependencies([update(step_rows)]):
                 check = tf.debugging.Assert(tf.logical_not(cut), ["cut off after the update"])
             with tf.control_dependencies([check]):
                 return tf.constant(0, tf.int64)
 
         with step_tokens.tracing_with(token, step_tokens.STEP):
-            return step_once.once(owner, "table", contextlib.nullcontext, apply, lambda: tf.constant(0, tf.int64),
-                                  writes=[table, accumulator], rows=rows)
+            return step_once.once(owner, key, contextlib.nullcontext, apply, lambda: tf.constant(0, tf.int64),
+                                  **(dict(journal, rows=step_rows) if journal else {}))
 
-    return lambda token, cut=False: step(tf.constant(token, tf.int64), tf.constant(cut))
+    return lambda token, cut=False, rows=rows: step(tf.constant(token, tf.int64), tf.constant(cut),
+                                                    tf.constant(rows, tf.int64))
+
+
+def _add_ones(variable, rows):
+    """Adds 1 to each of `rows` of a [N, 1] variable (a row listed twice gets 2)."""
+    return variable.scatter_add(tf.IndexedSlices(tf.ones_like(tf.cast(rows[:, None], tf.float32)), rows))
+
+
+def _row_step(owner, table, accumulator):
+    """An Adagrad-like update of rows 0 and 2 (accumulator first, then the rows), cut off after it on request."""
+
+    def update(rows):
+        with tf.control_dependencies([_add_ones(accumulator, rows)]):
+            return _add_ones(table, rows)
+
+    return _cut_step(owner, "table", update, rows=(0, 2), writes=[table, accumulator])
 
 
 def test_an_update_cut_off_midway_is_rolled_back_and_applied_once_by_its_rerun():
     from tf_psx import step_once  # pylint: disable=import-outside-toplevel
 
-    class Owner:
-        pass
-
-    owner = Owner()
+    owner = _Owner()
     table, accumulator = tf.Variable(tf.zeros([4, 1])), tf.Variable(tf.zeros([4, 1]))
     step = _row_step(owner, table, accumulator)
     step(1)
@@ -247,31 +247,13 @@ def test_an_update_cut_off_midway_is_rolled_back_and_applied_once_by_its_rerun()
 def test_an_update_without_journal_cut_off_midway_is_counted_unsure():
     # A table update (TFRA) keeps no journal: the re-run applies again, and
     # the count says so instead of staying silent.
-    import contextlib  # pylint: disable=import-outside-toplevel
-
     from tf_psx import step_once  # pylint: disable=import-outside-toplevel
-    from tf_psx._tf import step_tokens  # pylint: disable=import-outside-toplevel
 
-    class Owner:
-        pass
-
-    owner, value = Owner(), tf.Variable(tf.constant(0, tf.int64))
-
-    @tf.function
-    def step(token, cut):
-        def apply():
-            moved = value.assign_add(1)
-            with tf.control_dependencies([moved]):
-                check = tf.debugging.Assert(tf.logical_not(cut), ["cut off"])
-            with tf.control_dependencies([check]):
-                return tf.constant(0, tf.int64)
-
-        with step_tokens.tracing_with(token, step_tokens.STEP):
-            return step_once.once(owner, "t", contextlib.nullcontext, apply, lambda: tf.constant(0, tf.int64))
-
-    with pytest.raises(tf.errors.InvalidArgumentError):
-        step(tf.constant(1, tf.int64), tf.constant(True))
-    step(tf.constant(1, tf.int64), tf.constant(False))
+    owner, value = _Owner(), tf.Variable(tf.constant(0, tf.int64))
+    step = _cut_step(owner, "t", lambda _rows: value.assign_add(1))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cut off after the update"):
+        step(1, cut=True)
+    step(1)
     assert int(value.numpy()) == 2  # applied twice: no journal to restore from
     assert step_once.counts(owner) == {"skipped": 0, "unsure": 1, "rolled_back": 0}
 
@@ -280,42 +262,23 @@ def test_an_update_too_big_for_its_journal_cut_off_midway_is_counted_unsure(monk
     # Rows of unknown count are journaled up to step_once.JOURNAL_ROWS; an
     # update with more is not saved, so cut off midway it is applied again by
     # its re-run, and counted.
-    import contextlib  # pylint: disable=import-outside-toplevel
-
     from tf_psx import step_once  # pylint: disable=import-outside-toplevel
-    from tf_psx._tf import step_tokens  # pylint: disable=import-outside-toplevel
-
-    class Owner:
-        pass
 
     monkeypatch.setattr(step_once, "JOURNAL_ROWS", 1)
-    owner, table = Owner(), tf.Variable(tf.zeros([4, 1]))
-
-    @tf.function(input_signature=[tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.bool), tf.TensorSpec([None], tf.int64)])
-    def step(token, cut, rows):
-        def apply():
-            moved = table.scatter_add(tf.IndexedSlices(tf.ones_like(tf.cast(rows[:, None], tf.float32)), rows))
-            with tf.control_dependencies([moved]):
-                check = tf.debugging.Assert(tf.logical_not(cut), ["cut off"])
-            with tf.control_dependencies([check]):
-                return tf.constant(0, tf.int64)
-
-        with step_tokens.tracing_with(token, step_tokens.STEP):
-            return step_once.once(owner, "t", contextlib.nullcontext, apply, lambda: tf.constant(0, tf.int64),
-                                  writes=[table], rows=rows)
-
-    with pytest.raises(tf.errors.InvalidArgumentError):
-        step(tf.constant(1, tf.int64), tf.constant(True), tf.constant([0], tf.int64))  # one row: journaled
-    step(tf.constant(1, tf.int64), tf.constant(False), tf.constant([0], tf.int64))
-    with pytest.raises(tf.errors.InvalidArgumentError):
-        step(tf.constant(2, tf.int64), tf.constant(True), tf.constant([1, 2], tf.int64))  # two rows: too many
-    step(tf.constant(2, tf.int64), tf.constant(False), tf.constant([1, 2], tf.int64))
+    owner, table = _Owner(), tf.Variable(tf.zeros([4, 1]))
+    step = _cut_step(owner, "t", lambda rows: _add_ones(table, rows), writes=[table])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cut off after the update"):
+        step(1, cut=True, rows=[0])  # one row: journaled
+    step(1, rows=[0])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cut off after the update"):
+        step(2, cut=True, rows=[1, 2])  # two rows: too many
+    step(2, rows=[1, 2])
     assert table.numpy()[:, 0].tolist() == [1, 2, 2, 0]
     assert step_once.counts(owner) == {"skipped": 0, "unsure": 1, "rolled_back": 1}
     # Repeated rows are saved once: two indices of one row fit a journal of one row.
-    with pytest.raises(tf.errors.InvalidArgumentError):
-        step(tf.constant(3, tf.int64), tf.constant(True), tf.constant([3, 3], tf.int64))
-    step(tf.constant(3, tf.int64), tf.constant(False), tf.constant([3, 3], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cut off after the update"):
+        step(3, cut=True, rows=[3, 3])
+    step(3, rows=[3, 3])
     assert table.numpy()[:, 0].tolist() == [1, 2, 2, 2]  # row 3: two indices per application, applied once
     assert step_once.counts(owner) == {"skipped": 0, "unsure": 1, "rolled_back": 2}
 
@@ -325,11 +288,8 @@ def test_without_the_journal_an_update_cut_off_midway_is_applied_again_and_count
     # pending mark still tells, so the double application is counted.
     from tf_psx import step_once  # pylint: disable=import-outside-toplevel
 
-    class Owner:
-        pass
-
     monkeypatch.setattr(step_once, "JOURNAL", False)
-    owner = Owner()
+    owner = _Owner()
     table, accumulator = tf.Variable(tf.zeros([4, 1])), tf.Variable(tf.zeros([4, 1]))
     step = _row_step(owner, table, accumulator)
     with pytest.raises(tf.errors.InvalidArgumentError):

@@ -10,7 +10,6 @@ never arrives, a worker killed with SIGKILL and every worker gone.
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -20,7 +19,7 @@ import tensorflow as tf
 import tf_psx
 from tf_psx.errors import TFConfigError
 
-from conftest import run_script
+from conftest import run_script, script_results
 
 pytestmark = pytest.mark.processes
 
@@ -28,17 +27,12 @@ pytestmark = pytest.mark.processes
 EQUIVALENCE_TOLERANCE = 1e-5
 
 
-def _results(result) -> list[dict]:
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-
-
 # --- equivalence with one worker of the global batch ---------------------------
 
 
 def test_sync_step_equals_one_step_of_the_concatenated_batches():
     # 61 batches on 2 workers: 30 steps of 2 and a flushed tail of 1.
-    results = _results(run_script("sync_equivalence.py", "--layer", "sharded", "dynamic",
+    results = script_results(run_script("sync_equivalence.py", "--layer", "sharded", "dynamic",
                                   "--optimizer", "adagrad", "lazyadam", "--batches", "61"))
     assert len(results) == 4
     for result in results:
@@ -51,7 +45,7 @@ def test_sync_step_equals_one_step_of_the_concatenated_batches():
 
 @pytest.mark.parametrize("schedule,layer", [("exponential", "sharded"), ("cosine", "dynamic")])
 def test_learning_rate_schedules_follow_applied_steps(schedule, layer):
-    results = _results(run_script("sync_equivalence.py", "--layer", layer, "--optimizer", "adagrad",
+    results = script_results(run_script("sync_equivalence.py", "--layer", layer, "--optimizer", "adagrad",
                                   "--batches", "31", "--schedule", schedule))
     assert len(results) == 1
     assert results[0]["max_weight_difference"] <= EQUIVALENCE_TOLERANCE, results[0]
@@ -60,7 +54,7 @@ def test_learning_rate_schedules_follow_applied_steps(schedule, layer):
 
 def test_fit_with_steps_per_execution_matches_the_closed_form():
     steps = 41
-    results = _results(run_script("exact_updates.py", "--layer", "sharded", "dynamic", "--optimizer", "adagrad",
+    results = script_results(run_script("exact_updates.py", "--layer", "sharded", "dynamic", "--optimizer", "adagrad",
                                   "lazyadam", "--workers", "2", "--steps", str(steps), "--spe", "2", "--sync"))
     assert len(results) == 4
     for result in results:
@@ -74,7 +68,7 @@ def test_fit_with_steps_per_execution_matches_the_closed_form():
 
 
 def test_backup_workers_drop_and_count_late_gradients():
-    (result,) = _results(run_script("sync_failures.py", "backup"))
+    (result,) = script_results(run_script("sync_failures.py", "backup"))
     assert result["applied_batches"] + result["dropped"] == result["scheduled"], result
     assert result["dropped"] > 0, result
     # Full steps apply 2 gradients; only the flushed tail may apply fewer.
@@ -83,7 +77,7 @@ def test_backup_workers_drop_and_count_late_gradients():
 
 
 def test_a_slot_that_never_arrives_is_reassigned_after_the_timeout():
-    (result,) = _results(run_script("sync_failures.py", "stuck"))
+    (result,) = script_results(run_script("sync_failures.py", "stuck"))
     assert result["failed_step_raised"], result
     assert result["reassigned"] == 1, result
     assert 2.5 <= result["seconds"] <= 30, result
@@ -93,7 +87,7 @@ def test_a_slot_that_never_arrives_is_reassigned_after_the_timeout():
 
 
 def test_a_worker_killed_mid_fit_does_not_stop_sync_training():
-    (result,) = _results(run_script("sync_failures.py", "kill"))
+    (result,) = script_results(run_script("sync_failures.py", "kill"))
     assert result["epochs"] == 3, result
     # Every fit step is applied; a closure cut short after it arrived is run again (at most one extra).
     assert result["scheduled"] <= result["applied_batches"] <= result["scheduled"] + 1, result
@@ -102,7 +96,7 @@ def test_a_worker_killed_mid_fit_does_not_stop_sync_training():
 
 
 def test_all_workers_gone_raises_within_the_timeout():
-    (result,) = _results(run_script("sync_failures.py", "gone"))
+    (result,) = script_results(run_script("sync_failures.py", "gone"))
     assert result["error"] == "SyncStepError", result
     assert "no worker of" in result["message"] and "Fix:" in result["message"], result
     # sync_timeout_s=5, plus the watchdog's poll and TF's own failure handling.

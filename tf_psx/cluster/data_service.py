@@ -96,16 +96,25 @@ def task_env(base) -> dict[str, str]:
     return env
 
 
-def start_in_process(port: int, num_workers: int, worker_ports: list[int]) -> list:
-    """Starts a dispatcher on `port` and `num_workers` data workers in this process; returns the servers."""
+def _dispatcher(port: int):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     service = tf.data.experimental.service
-    servers = [service.DispatchServer(service.DispatcherConfig(port=port))]
-    for worker_port in worker_ports[:num_workers]:
-        servers.append(service.WorkerServer(service.WorkerConfig(
-            dispatcher_address=f"127.0.0.1:{port}", worker_address=f"127.0.0.1:{worker_port}", port=worker_port)))
-    return servers
+    return service.DispatchServer(service.DispatcherConfig(port=port))
+
+
+def _worker(port: int, dispatcher: str, host: str):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    service = tf.data.experimental.service
+    return service.WorkerServer(service.WorkerConfig(dispatcher_address=dispatcher, worker_address=f"{host}:{port}",
+                                                     port=port))
+
+
+def start_in_process(port: int, num_workers: int, worker_ports: list[int]) -> list:
+    """Starts a dispatcher on `port` and `num_workers` data workers in this process; returns the servers."""
+    return [_dispatcher(port)] + [_worker(worker_port, f"127.0.0.1:{port}", "127.0.0.1")
+                                  for worker_port in worker_ports[:num_workers]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,19 +130,13 @@ def main(argv: list[str] | None = None) -> int:
               "Fix: pass the dispatcher's address.", file=sys.stderr, flush=True)
         return 2
 
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    service = tf.data.experimental.service
     if args.role == "dispatcher":
-        server = service.DispatchServer(service.DispatcherConfig(port=args.port))
-        name = f"{DISPATCHER}:0"
+        server, name = _dispatcher(args.port), f"{DISPATCHER}:0"
     else:
-        server = service.WorkerServer(service.WorkerConfig(
-            dispatcher_address=args.dispatcher, worker_address=f"{args.host}:{args.port}", port=args.port))
-        name = f"{WORKER}:{args.port}"
+        server, name = _worker(args.port, args.dispatcher, args.host), f"{WORKER}:{args.port}"
     print(f"{READY_MARK} {name} pid={os.getpid()}", flush=True)
     while not stop.wait(SIGNAL_POLL_S):
         pass

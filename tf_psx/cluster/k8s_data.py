@@ -41,13 +41,16 @@ def dispatcher_address(name: str) -> str:
     return _data_service.address(DISPATCHER_PORT, dispatcher_name(name))
 
 
+def _metadata(name: str, namespace: str | None) -> dict[str, str]:
+    return {"name": name, **({"namespace": namespace} if namespace is not None else {})}
+
+
 def _deployment(name: str, namespace: str | None, replicas: int, container: dict[str, Any]) -> dict[str, Any]:
-    metadata = {"name": name, **({"namespace": namespace} if namespace is not None else {})}
     labels = {_APP_LABEL: name}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": metadata,
+        "metadata": _metadata(name, namespace),
         "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}},
     }
@@ -84,7 +87,7 @@ def data_service_manifests(name: str, image: str, data_workers: int, namespace: 
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": dispatcher, **({"namespace": namespace} if namespace is not None else {})},
+        "metadata": _metadata(dispatcher, namespace),
         "spec": {"selector": {_APP_LABEL: dispatcher},
                  "ports": [{"port": DISPATCHER_PORT, "targetPort": DISPATCHER_PORT}]},
     }

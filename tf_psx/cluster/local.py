@@ -297,18 +297,25 @@ class LocalCluster(ClusterSource):
         )
         keys = [("ps", i) for i in range(self.num_ps)]
         keys += [("worker", i) for i in range(self.num_workers)]
+        commands = []
         for task_type, index in keys:
             env = _supervisor.server_env(os.environ, self.config.to_json(task_type, index))
             env.update(_server.thread_env(self.intra_op_threads, self.inter_op_threads))
-            task = _supervisor.TaskProcess(
-                task_type, index, [sys.executable, "-m", "tf_psx.server"], env, self.log_path(task_type, index)
-            )
+            commands.append(((task_type, index), [sys.executable, "-m", "tf_psx.server"], env))
+        self._start_tasks(commands)
+
+    def _start_tasks(self, commands: list) -> None:
+        """Starts ((task type, index), argv, env) task processes and waits until each one listens."""
+        tasks = []
+        for (task_type, index), argv, env in commands:
+            task = _supervisor.TaskProcess(task_type, index, argv, env, self.log_path(task_type, index))
             self._tasks[(task_type, index)] = task
             # A Ctrl-C in a notebook or terminal does not reach the tasks
             # (their own session; stop() ends them), and a coordinator killed
             # outright takes them with it (PR_SET_PDEATHSIG).
             task.start()
-        self._wait_ready(list(self._tasks.values()))
+            tasks.append(task)
+        self._wait_ready(tasks)
 
     def _wait_ready(self, tasks: list) -> None:
         # The task prints READY_MARK once its server listens. Waiting for the
@@ -339,14 +346,7 @@ class LocalCluster(ClusterSource):
             return
         ports = free_ports(self.data_workers + 1)
         env = _data_service.task_env(os.environ)
-        tasks = []
-        for (task_type, index), argv in _data_service.task_commands(ports, LOOPBACK):
-            task = _supervisor.TaskProcess(task_type, index, argv, env,
-                                           os.path.join(self.log_dir, f"{task_type}-{index}.log"))
-            self._tasks[(task_type, index)] = task
-            task.start()
-            tasks.append(task)
-        self._wait_ready(tasks)
+        self._start_tasks([(key, argv, env) for key, argv in _data_service.task_commands(ports, LOOPBACK)])
         self.data_service = _data_service.address(ports[0])
 
     # -- helpers -----------------------------------------------------------

@@ -11,9 +11,11 @@ tasks; `stop` ends them (SIGTERM to the group, SIGKILL after a grace).
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import functools
 import os
+import queue
 import signal
 import subprocess
 import threading
@@ -70,38 +72,31 @@ class _Spawner:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._jobs: list = []
-        self._wake = threading.Condition(self._lock)
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     def _loop(self) -> None:
         while True:
-            with self._wake:
-                while not self._jobs:
-                    self._wake.wait()
-                job, done, box = self._jobs.pop(0)
+            job, future = self._jobs.get()
             try:
-                box["value"] = job()
+                future.set_result(job())
             except BaseException as error:  # pylint: disable=broad-except  (raised in the caller)
-                box["error"] = error
-            done.set()
+                future.set_exception(error)
 
     def call(self, job: Callable[[], subprocess.Popen], what: str, timeout_s: float = SPAWN_TIMEOUT_S):
         """Runs `job` (a fork and exec) on the spawner thread and returns its result (bounded)."""
-        done, box = threading.Event(), {}
-        with self._wake:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="tf_psx-spawner", daemon=True)
                 self._thread.start()
-            self._jobs.append((job, done, box))
-            self._wake.notify()
-        if not done.wait(timeout_s):
+        self._jobs.put((job, future))
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
             raise TaskFailedError(f"tf_psx: starting the process of {what} took over {timeout_s:g} s on the spawner "
-                               "thread (a fork and exec takes milliseconds); the machine may be out of processes "
-                               "or memory.")
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
+                                  "thread (a fork and exec takes milliseconds); the machine may be out of processes "
+                                  "or memory.") from None
 
 
 _SPAWNER = _Spawner()
