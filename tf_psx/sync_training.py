@@ -38,6 +38,19 @@ steps applied so far.
   from the table then (a key still absent gets the table's default, which
   differs from the row the forward pass drew when the initializer is
   random).
+* **A step run again.** TF re-runs a closure whose worker died, on
+  another worker, with the same step token (tf_psx._tf.step_tokens). The
+  state keeps three rings of tokens beside its header, written by the same
+  scatter as the header they change: the step that claimed last in a slot,
+  the version it claimed, and the step that arrived last. A re-run whose
+  twin arrived applies nothing (`TWIN`); one whose twin claimed a slot of
+  the current version and never arrived takes that slot over (no wait for
+  the timeout). Each accumulator's add runs through `tf_psx.step_once`
+  (its own ring and journal), so an arrival cut off midway, after some adds
+  and before the header's write, adds each gradient once when it is run
+  again, and the version's apply carries the version as its token. A
+  gradient is then summed once, and a version applied once, whatever the
+  point at which a worker was killed (tests/scripts/exact_crash.py --sync).
 * **Flush.** `SyncController.flush` applies a partial step (fewer than R
   arrivals) once nothing is in flight: at the end of `fit`, before a
   snapshot and when switching mode, so every batch is applied exactly once.
@@ -59,18 +72,28 @@ import threading
 import time
 import weakref
 
+import numpy as np
 import tensorflow as tf
 
+from tf_psx import step_once as _step_once
 from tf_psx._tf import exact_updates as _optimizer_door, runtime as _runtime, shadows as _shadows
 from tf_psx._tf import step_tokens as _tokens, sync_training as _door, tfra as _tfra
 from tf_psx.errors import SyncStepError
 
-# Indices into the state vector.
-_F_ENABLED, _F_VERSION, _F_TAKEN, _F_ARRIVED, _F_DROPPED, _F_REASSIGNED, _F_STARTED, _F_BATCHES, _F_STEPS = range(9)
-_STATE_SIZE = 9
+# Indices into the state vector's header.
+(_F_ENABLED, _F_VERSION, _F_TAKEN, _F_ARRIVED, _F_DROPPED, _F_REASSIGNED, _F_STARTED, _F_BATCHES, _F_STEPS,
+ _F_REUSED, _F_TWINS) = range(11)
+_HEADER = 11
+# Past the header, three rings of step tokens (slot: token % RING): the token
+# of the step that claimed last in that slot, the version it claimed, and the
+# token of the step that arrived last in that slot (see "A step run again").
+_RING = _step_once.RING_SIZE
+_CLAIMED, _CLAIMED_VERSION, _ARRIVED = _HEADER, _HEADER + _RING, _HEADER + 2 * _RING
+_STATE_SIZE = _HEADER + 3 * _RING
 # Claim results besides a version >= 0.
 ASYNC = -1
 _WAIT = -2
+TWIN = -3  # the step's twin (an earlier attempt of it) already arrived: nothing to apply
 # Seconds between two tries of a step that waits for a slot.
 POLL_S = 0.002
 STATE_DEVICE = "/job:ps/replica:0/task:0/device:CPU:0"
@@ -80,10 +103,28 @@ WATCHDOG_POLL_S = 1.0
 _ids = itertools.count()
 
 
-def _write(state, value):
-    """Assigns `value` to `state` and returns `value` once written."""
-    with tf.control_dependencies([state.assign(value, read_value=False)]):
-        return tf.identity(value)
+def _slots(token):
+    """The state's indices of `token`'s claim, claimed version and arrival."""
+    at = tf.math.floormod(tf.cast(token, tf.int64), _RING)
+    return tf.stack([_CLAIMED + at, _CLAIMED_VERSION + at, _ARRIVED + at])
+
+
+def _read(state, token=None):
+    """(the header, `token`'s three ring slots or None), read by one gather."""
+    indices = tf.range(_HEADER, dtype=tf.int64)
+    if token is None:
+        return state.sparse_read(indices), None
+    values = state.sparse_read(tf.concat([indices, _slots(token)], 0))
+    return values[:_HEADER], values[_HEADER:]
+
+
+def _write(state, header, token=None, held=None):
+    """Writes `header` (and `token`'s slots `held`) with one scatter; returns `header` once written."""
+    indices, values = tf.range(_HEADER, dtype=tf.int64), header
+    if token is not None:
+        indices, values = tf.concat([indices, _slots(token)], 0), tf.concat([header, held], 0)
+    with tf.control_dependencies([state.scatter_update(tf.IndexedSlices(values, indices))]):
+        return tf.identity(header)
 
 
 def _set(vector, index: int, value):
@@ -98,6 +139,9 @@ class _DenseAccumulator:
         with tf.init_scope(), strategy.extended.colocate_vars_with(variable):
             self.sum = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
                                    name="tf_psx_sync_sum", aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        # What an arrival writes (saved in a journal, tf_psx.step_once), and where its token ring lives.
+        self.writes = [self.sum]
+        self.scope = lambda: strategy.extended.colocate_vars_with(variable)
 
     def add(self, gradient):
         if isinstance(gradient, tf.IndexedSlices):
@@ -127,6 +171,8 @@ class _SparseAccumulator:
             self.marks = tf.Variable(tf.zeros(variable.shape[:1], tf.int32), trainable=False,
                                      name="tf_psx_sync_marks", aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self._touched = None
+        self.writes = [self.sum, self.marks]
+        self.scope = lambda: strategy.extended.colocate_vars_with(variable)
 
     def add(self, gradient):
         if not isinstance(gradient, tf.IndexedSlices):
@@ -162,6 +208,9 @@ class _TableAccumulator:
                 key_dtype=params.key_dtype, value_dtype=params.value_dtype, dim=params.dim,
                 devices=[anchor.device], name=f"tf_psx_sync_{params.name.replace('/', '_')}", initializer=0.0,
                 trainable=False)
+        # No journal: its rows live in a hash table (an arrival cut off midway counts as "unsure").
+        self.writes = []
+        self.scope = lambda: tf.device(anchor.device)
 
     def add(self, gradient):
         ids = tf.reshape(self.variable.ids.read_value(), [-1])
@@ -243,7 +292,7 @@ class SyncController:
         self.timeout_s = float(timeout_s)
         self.worker_addresses = list(worker_addresses)
         self.address_listens = address_listens
-        initial = [0.0] * _STATE_SIZE
+        initial = np.zeros(_STATE_SIZE, np.float64)
         initial[_F_ENABLED] = 1.0 if enabled else 0.0
         # A plain variable on the first ps task (made outside the strategy's
         # scope, so its partitioner never splits it).
@@ -257,22 +306,35 @@ class SyncController:
 
     # --- inside a step --------------------------------------------------
 
-    def _try_claim(self):
-        s = self.state.read_value()
+    def _try_claim(self, token=None):
+        s, held = _read(self.state, token)
         now = tf.cast(tf.timestamp(), tf.float64)
         enabled = s[_F_ENABLED] > 0
+        if token is None:
+            twin = reuse = tf.constant(False)
+        else:
+            mine = tf.cast(token, tf.float64)
+            # A twin of this step arrived: its gradient is in; this attempt applies nothing.
+            twin = tf.equal(held[2], mine)
+            # A twin claimed a slot of the current version and never arrived (its worker died): this attempt takes it.
+            reuse = enabled & ~twin & tf.equal(held[0], mine) & tf.equal(held[1], s[_F_VERSION])
+        fresh = enabled & ~twin & ~reuse
         free = s[_F_TAKEN] < self.num_workers
         expired = now - s[_F_STARTED] > self.timeout_s
-        claimed = enabled & (free | expired)
-        reassigned = enabled & ~free & expired
-        new = _set(s, _F_TAKEN, s[_F_TAKEN] + tf.cast(enabled & free, tf.float64))
+        claimed = reuse | (fresh & (free | expired))
+        reassigned = fresh & ~free & expired
+        new = _set(s, _F_TAKEN, s[_F_TAKEN] + tf.cast(fresh & free, tf.float64))
         new = _set(new, _F_REASSIGNED, s[_F_REASSIGNED] + tf.cast(reassigned, tf.float64))
-        restart = claimed & (tf.equal(s[_F_TAKEN], 0) | reassigned)
+        new = _set(new, _F_REUSED, s[_F_REUSED] + tf.cast(reuse, tf.float64))
+        new = _set(new, _F_TWINS, s[_F_TWINS] + tf.cast(twin, tf.float64))
+        restart = fresh & claimed & (tf.equal(s[_F_TAKEN], 0) | reassigned)
         new = _set(new, _F_STARTED, tf.where(restart, now, s[_F_STARTED]))
-        with tf.control_dependencies([self.state.assign(new, read_value=False)]):
+        if token is not None:
+            held = tf.stack([tf.where(claimed, mine, held[0]), tf.where(claimed, s[_F_VERSION], held[1]), held[2]])
+        with tf.control_dependencies([_write(self.state, new, token, held)]):
             version = tf.cast(s[_F_VERSION], tf.int64)
-            return tf.where(enabled, tf.where(claimed, version, tf.constant(_WAIT, tf.int64)),
-                            tf.constant(ASYNC, tf.int64))
+            return tf.where(twin, tf.constant(TWIN, tf.int64), tf.where(
+                enabled, tf.where(claimed, version, tf.constant(_WAIT, tf.int64)), tf.constant(ASYNC, tf.int64)))
 
     def _locked(self, fn):
         """`fn` under the sync lock. The release stays in TF's program-order
@@ -280,17 +342,18 @@ class SyncController:
         (an unused release is pruned and the lock then excludes nothing)."""
         return self.lock.execute(fn, exclusive_resource_access=False)
 
-    def claim(self):
-        """A slot of the current version (>= 0), or `ASYNC`; waits, bounded, while every slot is taken."""
+    def claim(self, token=None):
+        """A slot of the current version (>= 0), `ASYNC` or `TWIN` (for the step of `token`, an int64 tensor or
+        None); waits, bounded, while every slot is taken."""
         max_polls = int(3 * self.timeout_s / POLL_S) + 1
-        first = self._locked(self._try_claim)
+        first = self._locked(lambda: self._try_claim(token))
 
         def waiting(version, polls):
             return tf.equal(version, _WAIT) & (polls < max_polls)
 
         def poll(version, polls):  # pylint: disable=unused-argument
             with tf.control_dependencies([_door.sleep(POLL_S)]):
-                return self._locked(self._try_claim), polls + 1
+                return self._locked(lambda: self._try_claim(token)), polls + 1
 
         version, _ = tf.while_loop(waiting, poll, [first, tf.constant(0)])
         check = tf.debugging.assert_none_equal(
@@ -302,8 +365,22 @@ class SyncController:
             return tf.identity(version)
 
     def wrap_step(self, fn):
-        """`fn` run after a claim: every op it makes waits for the claim (`strategy.run` calls this)."""
-        return self._claims.wrap(fn, self.claim)
+        """`fn` run after a claim: every op it makes waits for the claim (`strategy.run` calls this).
+
+        The step's token is read here, on the thread that traces the step:
+        tf.distribute may run `fn` on a thread of its own, where
+        `step_tokens.current()` does not see it; `fn` is traced there with it.
+        """
+        step = _tokens.current()
+        token = step[0] if step is not None and step[1] == _tokens.STEP else None
+
+        def with_token(*args, **kwargs):
+            if step is None:
+                return fn(*args, **kwargs)
+            with _tokens.tracing_with(*step):
+                return fn(*args, **kwargs)
+
+        return self._claims.wrap(with_token, lambda: self.claim(token))
 
     def current_version(self):
         """The version claimed by the step being traced (an int64 tensor), or None outside one."""
@@ -336,22 +413,34 @@ class SyncController:
             applier = _Applier(optimizer, lambda d, gv: original(d, gv, **kwargs), distribution, accumulators)
             self._applier = applier
 
+            step = _tokens.current()
+            token = step[0] if step is not None and step[1] == _tokens.STEP else None
+
             def arrive():
-                s = self.state.read_value()
+                s, held = _read(self.state, token)
                 current = tf.equal(tf.cast(s[_F_VERSION], tf.int64), version)
+                # The arrival's token is recorded by the same scatter as the header it changes.
+                arrived_held = None if token is None else tf.stack([held[0], held[1], tf.cast(token, tf.float64)])
 
                 def accept():
-                    adds = [acc.add(gradient) for acc, (gradient, _) in zip(accumulators, grads_and_vars)]
+                    adds = [self._add(acc, gradient) for acc, (gradient, _) in zip(accumulators, grads_and_vars)]
                     with tf.control_dependencies(adds):
                         arrived = s[_F_ARRIVED] + 1
                         return tf.cond(arrived >= self.replicas_to_aggregate,
-                                       lambda: self._complete(s, arrived, applier),
-                                       lambda: _write(self.state, _set(s, _F_ARRIVED, arrived)))
+                                       lambda: self._complete(s, arrived, applier, token=token, held=arrived_held),
+                                       lambda: _write(self.state, _set(s, _F_ARRIVED, arrived), token, arrived_held))
 
                 def reject():
-                    return _write(self.state, _set(s, _F_DROPPED, s[_F_DROPPED] + 1))
+                    return _write(self.state, _set(s, _F_DROPPED, s[_F_DROPPED] + 1), token, arrived_held)
 
-                new = tf.cond(current, accept, reject)
+                def skip():  # a twin arrived since this attempt's claim
+                    return _write(self.state, _set(s, _F_TWINS, s[_F_TWINS] + 1))
+
+                if token is None:
+                    new = tf.cond(current, accept, reject)
+                else:
+                    new = tf.cond(tf.equal(held[2], tf.cast(token, tf.float64)), skip,
+                                  lambda: tf.cond(current, accept, reject))
                 return tf.cast(new[_F_VERSION], tf.int64)
 
             def synchronous():
@@ -361,12 +450,27 @@ class SyncController:
                 with tf.control_dependencies([original(distribution, grads_and_vars, **kwargs)]):
                     return tf.constant(ASYNC, tf.int64)
 
-            return tf.cond(version >= 0, synchronous, asynchronous)
+            def twin():  # counted at the claim; the twin's gradient is already in
+                return tf.constant(TWIN, tf.int64)
+
+            return tf.cond(version >= 0, synchronous,
+                           lambda: tf.cond(tf.equal(version, ASYNC), asynchronous, twin))
 
         return apply_gradients_fn
 
-    def _complete(self, s, arrived, applier, enable=None):
-        """Applies `arrived` gradients and starts the next version; returns the new state."""
+    def _add(self, accumulator, gradient):
+        """Adds `gradient` to `accumulator` once per step token (tf_psx.step_once: its ring and journal)."""
+        rows = tf.cast(gradient.indices, tf.int64) if isinstance(gradient, tf.IndexedSlices) else None
+
+        def add():
+            with tf.control_dependencies([accumulator.add(gradient)]):
+                return tf.constant(0, tf.int64)
+
+        return _step_once.once(self, f"sync_sum_{id(accumulator)}", accumulator.scope, add,
+                               lambda: tf.constant(0, tf.int64), writes=accumulator.writes, rows=rows)
+
+    def _complete(self, s, arrived, applier, enable=None, token=None, held=None):
+        """Applies `arrived` gradients and starts the next version; returns the new header."""
         with tf.control_dependencies([applier.apply(arrived, tf.cast(s[_F_VERSION], tf.int64))]):
             new = _set(s, _F_VERSION, s[_F_VERSION] + 1)
             new = _set(new, _F_TAKEN, 0)
@@ -376,13 +480,18 @@ class SyncController:
             new = _set(new, _F_STEPS, s[_F_STEPS] + 1)
             if enable is not None:
                 new = _set(new, _F_ENABLED, enable)
-            return _write(self.state, new)
+            return _write(self.state, new, token, held)
 
     # --- from the coordinator ---------------------------------------------
 
+    def _header(self):
+        return self.state.sparse_read(tf.range(_HEADER)).numpy().copy()
+
     def stats(self) -> dict:
-        """The state as numbers: enabled, version, arrived, dropped, reassigned, applied batches and steps."""
-        s = self.state.numpy()
+        """The state as numbers: enabled, version, arrived, dropped, reassigned, applied batches and steps,
+        and what the step tokens caught of steps run again (module docstring)."""
+        s = self._header()
+        rerun = _step_once.counts(self)
         return {
             "enabled": bool(s[_F_ENABLED]),
             "version": int(s[_F_VERSION]),
@@ -391,6 +500,11 @@ class SyncController:
             "reassigned": int(s[_F_REASSIGNED]),
             "applied_batches": int(s[_F_BATCHES]),
             "applied_steps": int(s[_F_STEPS]),
+            "claims_taken_over": int(s[_F_REUSED]),
+            "twins_skipped": int(s[_F_TWINS]),
+            "adds_skipped": rerun["skipped"],
+            "adds_rolled_back": rerun["rolled_back"],
+            "adds_unsure": rerun["unsure"],
         }
 
     def flush(self, enable: bool | None = None) -> None:
@@ -402,12 +516,12 @@ class SyncController:
         coordinator = _runtime.coordinator_of(self.strategy)
         coordinator.join()
         applier = self._applier
-        s = self.state.numpy().copy()
+        s = self._header()
         if applier is None or s[_F_ARRIVED] == 0:
             if enable is not None:
                 s[_F_ENABLED] = 1.0 if enable else 0.0
                 s[_F_TAKEN] = 0.0
-                self.state.assign(s)
+                self.state.scatter_update(tf.IndexedSlices(s, tf.range(_HEADER)))
             return
         if applier.flush_function is None:
             applier.flush_function = self._flush_function(applier)
@@ -421,7 +535,7 @@ class SyncController:
         controller = self
 
         def locked(flag):
-            s = controller.state.read_value()
+            s, _ = _read(controller.state)
             enable = tf.where(flag < 0, s[_F_ENABLED], flag)
             return tf.cond(s[_F_ARRIVED] > 0,
                            lambda: controller._complete(s, s[_F_ARRIVED], applier, enable),  # pylint: disable=protected-access  (tf_psx's own class)

@@ -13,12 +13,17 @@ closure retries and what the step tokens caught
 (`tf_psx.exact_updates.rerun_counts`). `--no-tokens` turns the tokens off
 (the behaviour before them), for the comparison.
 
+With `--sync` the strategy is `sync=True` (`sync_timeout_s=30`): a sync
+step applies the mean of one batch per worker, so an example's gradient is
+1 / workers of a batch's, and `--batches` must be divisible by the workers
+(no partial step flushed). The RESULT then carries `sync_stats()`.
+
 With `--launched` it runs as the chief of a `tf-psx launch` job (the
 cluster of TF_CONFIG): no killer thread; the test kills workers through the
 launcher's pids and the launcher restarts them. It prints
 "tf_psx crash fit started" once the first step is done.
 
-Usage: exact_crash.py --workers 2 [--kills 10] [--batches 8000] [--seed 1] [--no-tokens] [--launched]
+Usage: exact_crash.py --workers 2 [--kills 10] [--batches 8000] [--seed 1] [--no-tokens] [--sync] [--launched]
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import numpy as np
 import tf_psx
 import tensorflow as tf
 
-from exact_epochs import BATCH, applications, build, rows_of  # pylint: disable=wrong-import-position
+from exact_epochs import BATCH, GRAD, applications, build, rows_of  # pylint: disable=wrong-import-position
 
 # Seconds between two kills (uniform), after the restarted worker listens again.
 GAP_S = (0.3, 2.0)
@@ -106,10 +111,13 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-tokens", action="store_true", help="the behaviour before step tokens")
+    parser.add_argument("--sync", action="store_true", help="sync=True (the batches divisible by the workers)")
     parser.add_argument("--launched", action="store_true", help="the chief of a tf-psx launch job (no killer)")
     parser.add_argument("--stall-report-s", type=float, default=90.0,
                         help="a StallDoctor report (closures, task states, stacks) after this many silent seconds")
     args = parser.parse_args(argv)
+    if args.sync and args.batches % args.workers:
+        parser.error(f"--sync needs --batches divisible by --workers; got {args.batches} and {args.workers}")
     if args.no_tokens:
         from tf_psx._tf import step_tokens  # pylint: disable=import-outside-toplevel
 
@@ -118,7 +126,8 @@ def main(argv=None) -> int:
     ids = np.arange(count, dtype=np.int64)[:, None]
     local = tf_psx.LocalCluster(num_workers=args.workers, num_ps=2, processes=True)
     with (tf_psx.launched_or(local) if args.launched else local) as cluster:
-        strategy = tf_psx.ParameterServerStrategy(cluster, "fixed:2")
+        sync = dict(sync=True, sync_timeout_s=30) if args.sync else {}
+        strategy = tf_psx.ParameterServerStrategy(cluster, "fixed:2", **sync)
         model = build(strategy, count)
         running = threading.Event()
         killer = Killer(cluster, args.workers, 0 if args.launched else args.kills, args.seed, running)
@@ -133,9 +142,10 @@ def main(argv=None) -> int:
             killer.finish(RESTART_WAIT_S)
         seconds = time.monotonic() - start
         rows = rows_of(model, count, tfra=False)
-        applied = [applications(row) for row in rows]
+        grad = GRAD / args.workers if args.sync else GRAD
+        applied = [applications(row, grad) for row in rows]
         print("RESULT " + json.dumps({
-            "workers": args.workers, "tokens": not args.no_tokens, "rows": count, "seconds": round(seconds, 1),
+            "workers": args.workers, "tokens": not args.no_tokens, "sync": strategy.sync_stats() if args.sync else None, "rows": count, "seconds": round(seconds, 1),
             "kills": killer.log, "killer_errors": killer.errors,
             "counts": {str(k): v for k, v in sorted(collections.Counter(applied).items())},
             "iterations": int(model.optimizer.iterations.numpy()), "steps": args.batches,

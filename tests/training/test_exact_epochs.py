@@ -85,9 +85,9 @@ def test_a_3x_straggler_does_not_change_what_an_epoch_trains():
                   {"arrays", "dataset"})
 
 
-def _crash(workers: int) -> dict:
+def _crash(workers: int, *more: str) -> dict:
     (result,) = script_results(run_script("exact_crash.py", "--workers", str(workers), "--kills", "10",
-                                          "--seed", str(workers), timeout=CRASH_TIMEOUT_S))
+                                          "--seed", str(workers), *more, timeout=CRASH_TIMEOUT_S))
     return result
 
 
@@ -115,3 +115,22 @@ def test_worker_kills_mid_step_apply_every_example_exactly_once(workers):
     assert result["counts"] == {"1": result["rows"]}, result  # every row checked: applied exactly once
     assert result["iterations"] == result["steps"], result
     assert result["caught"]["unsure"] == 0, result
+
+
+# Before sync arrivals carried step tokens (tf_psx.sync_training, "A step run
+# again"), the same trial (2 workers, 10 kills, 2,000 batches) ended with
+# 16 rows applied twice, 8 never, 8 in a partial step, and 2,001 batches
+# applied for 2,000 scheduled.
+@pytest.mark.processes
+@pytest.mark.slow
+def test_worker_kills_in_sync_mode_apply_every_example_exactly_once():
+    result = _crash(2, "--sync", "--batches", "2000")
+    assert not result["killer_errors"] and len(result["kills"]) >= 2, result
+    assert result["closure_retries"] >= 1 and result["steps_rerun"] == [result["closure_retries"]], result
+    # Every sync step applied the mean of one batch per worker, so each row's
+    # closed form is that of one application of GRAD / 2: exactly once.
+    assert result["counts"] == {"1": result["rows"]}, result
+    sync = result["sync"]
+    assert sync["applied_batches"] == result["steps"] and sync["dropped"] == 0, result
+    assert result["iterations"] == sync["applied_steps"] == result["steps"] // 2, result
+    assert sync["adds_unsure"] == 0, result

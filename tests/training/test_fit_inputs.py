@@ -217,3 +217,31 @@ def test_a_batch_level_callback_runs_and_sees_every_step(ps_strategy, caplog):
     remote.fit(ids, fit_parts.labels_of(ids), batch_size=8, epochs=2, verbose=0, callbacks=[Losses()])
     assert [batch for batch, _ in seen] == [0, 1, 2, 0, 1, 2]
     assert "Batch-level callbacks ['Losses'] read every step's logs" in caplog.text
+
+
+@pytest.mark.unit
+def test_batches_packed_by_the_pipeline_come_back_whole():
+    # fit's input pipeline packs each batch into one vector per dtype
+    # (tf_psx._tf.fed_steps.Packer); the step unpacks it by its layout. A
+    # short last batch has a layout of its own; an input with a ragged
+    # component is sent as it is.
+    from tf_psx._tf import fed_steps  # pylint: disable=import-outside-toplevel
+
+    features = {"ids": np.arange(20, dtype=np.int64).reshape(10, 2), "dense": np.linspace(0, 1, 30, dtype=np.float32).reshape(10, 3),
+                "flag": np.arange(10) % 2 == 0}
+    labels = np.arange(10, dtype=np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices((features, labels)).batch(4)
+    packer = fed_steps.Packer(dataset.element_spec)
+    assert packer.usable
+    received = [packer.received(element) for element in packer.apply(dataset)]
+    assert [batch.layout.parts[0][2][0] for batch in received] == [4, 4, 2]  # "dense"'s rows per batch
+    assert len({batch.layout for batch in received}) == 2  # two full batches share a layout
+    assert [len(batch.parts) for batch in received] == [3, 3, 3]  # float32, int64, bool
+    for batch, original in zip(received, dataset):
+        back = batch.layout.unpack(batch.parts)
+        tf.nest.assert_same_structure(back, original)
+        for got, want in zip(tf.nest.flatten(back), tf.nest.flatten(original)):
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+    ragged = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1], [2, 3]])).batch(2)
+    assert not fed_steps.Packer(ragged.element_spec).usable
+    assert fed_steps.Packer(ragged.element_spec).apply(ragged) is ragged

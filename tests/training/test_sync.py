@@ -11,6 +11,7 @@ never arrives, a worker killed with SIGKILL and every worker gone.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -170,6 +171,69 @@ def test_a_snapshot_taken_in_sync_mode_resumes_in_async_mode(local_cluster, tmp_
     resumed.fit(_data(), epochs=2, steps_per_epoch=8, verbose=0,
                 callbacks=[tf_psx.callbacks.PeriodicSync(4, str(tmp_path))])
     assert int(resumed.optimizer.iterations.numpy()) == 16
+
+
+def _token_step(strategy, weight, optimizer, fail_at: str):
+    """A sync step of `sum(weight)` under SGD that carries a step token, as fit's fed steps do.
+
+    `fail_at` ("claim" or "arrival") makes the step fail there when its
+    `fail` argument is True: the first attempt of a step whose worker died
+    at that point. Scheduling the same token again is its re-run.
+    """
+    from tf_psx._tf import step_tokens  # pylint: disable=import-outside-toplevel
+
+    @tf.function
+    def step(token, fail):
+        def replica(fail):
+            if fail_at == "claim":
+                tf.debugging.assert_equal(fail, False, message="died after its claim")
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(weight)
+            applied = optimizer.apply_gradients([(tape.gradient(loss, weight), weight)])
+            if fail_at == "arrival":
+                with tf.control_dependencies([applied]):
+                    tf.debugging.assert_equal(fail, False, message="died after its arrival")
+
+        with step_tokens.tracing_with(token, step_tokens.STEP):
+            return strategy.run(replica, args=(fail,))
+
+    def run(token: int, fail: bool = False):
+        strategy.coordinator.schedule(step, args=(tf.constant(token, tf.int64), tf.constant(fail)))
+        strategy.coordinator.join()
+
+    return run
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("fail_at", ["claim", "arrival"])
+def test_a_rerun_sync_step_takes_its_twins_slot_or_applies_nothing(local_cluster, fail_at):
+    # One worker, so each arrival completes a version. A first attempt that
+    # died after its claim holds the version's only slot: without the token
+    # its re-run would wait sync_timeout_s (60 s) for it to be reassigned; it
+    # takes it over. One that died after its arrival was applied: its
+    # re-run applies nothing.
+    strategy = tf_psx.ParameterServerStrategy(local_cluster, sync=True, sync_timeout_s=60)
+    with strategy.scope():
+        weight = tf.Variable(tf.zeros([3]))
+        optimizer = tf.keras.optimizers.SGD(0.5)
+    run = _token_step(strategy, weight, optimizer, fail_at)
+    run(1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"died after its {fail_at}"):
+        run(2, fail=True)
+    start = time.monotonic()
+    run(2)  # the re-run
+    run(3)
+    stats = strategy.sync_stats()
+    assert time.monotonic() - start < 30, stats  # no wait for the timeout
+    assert stats["reassigned"] == 0 and stats["dropped"] == 0, stats
+    # Steps 1, 2 and 3 applied once each: 3 steps of -0.5 on every entry.
+    assert stats["applied_steps"] == stats["applied_batches"] == 3, stats
+    np.testing.assert_allclose(weight.numpy(), [-1.5] * 3)
+    assert int(optimizer.iterations.numpy()) == 3
+    if fail_at == "claim":
+        assert stats["claims_taken_over"] == 1 and stats["twins_skipped"] == 0, stats
+    else:
+        assert stats["twins_skipped"] == 1 and stats["claims_taken_over"] == 0, str(stats)
 
 
 @pytest.mark.cluster

@@ -105,19 +105,25 @@ class _FedDataHandler(data_adapter.DataHandler):
         self.fed = 0  # batches fed in this epoch
         self._epoch_start = 0
         self.layouts: dict = {}  # the batch layouts of this input (tf_psx._tf.fed_steps)
+        self._packer = None  # packs this input's batches in its pipeline (tf_psx._tf.fed_steps.Packer)
 
     def _positioned(self, epoch: int, fresh_each_epoch: bool):
-        """This epoch's iterator, at the step fit starts from (after a resume)."""
+        """This epoch's iterator, at the step fit starts from (after a resume); its batches packed by the pipeline."""
         start = self._initial_step
         if self._stream is not None:
             stream = self._stream(epoch * self._inferred_steps + start)
             if self._class_weight:
                 stream = stream.map(data_adapter._make_class_weight_map_fn(self._class_weight))  # pylint: disable=protected-access
-            return iter(stream)
+            return iter(self._packed(stream))
         if not fresh_each_epoch and self._inferred_steps:
             # One iterator for all epochs: the epochs a resume skipped were read from it too.
             start += (epoch - self._requested_initial_epoch) * self._inferred_steps
-        return _local_iterator(self._dataset.skip(start) if start else self._dataset)
+        return _local_iterator(self._packed(self._dataset.skip(start) if start else self._dataset))
+
+    def _packed(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        if self._packer is None:
+            self._packer = _fed_steps.Packer(dataset.element_spec)
+        return self._packer.apply(dataset)
 
     def enumerate_epochs(self):
         """Yields `(epoch, FedIterator)`, as tf-keras's `enumerate_epochs` yields its iterators."""
@@ -130,7 +136,8 @@ class _FedDataHandler(data_adapter.DataHandler):
                 if iterator is None or fresh:
                     iterator = self._positioned(epoch, fresh)
                 self.fed, self._epoch_start = 0, self._initial_step
-                yield epoch, _fed_steps.FedIterator(iterator, self)
+                packer = self._packer if self._packer is not None and self._packer.usable else None
+                yield epoch, _fed_steps.FedIterator(iterator, self, packer)
                 self._adapter.on_epoch_end()
 
     @contextlib.contextmanager
