@@ -253,7 +253,7 @@ WINDOWS = 5
 
 
 def interleaved(script: str, variants: list[tuple], rounds: int = ROUNDS, timeout: float = CHILD_TIMEOUT_S,
-                log=print) -> dict:
+                log=print, round_args=None) -> dict:
     """{variant: [child result per round]}: `rounds` rounds of `python SCRIPT --child *variant`, order rotated.
 
     Args:
@@ -262,12 +262,15 @@ def interleaved(script: str, variants: list[tuple], rounds: int = ROUNDS, timeou
       rounds: how many times each variant runs.
       timeout: seconds for one child.
       log: called with one line per child run.
+      round_args: a function of the round's index returning more child
+        arguments for every run of that round (a data seed), or None.
     """
     results: dict = {variant: [] for variant in variants}
     for index in range(rounds):
         shift = index % len(variants)
+        extra = tuple(round_args(index)) if round_args is not None else ()
         for variant in variants[shift:] + variants[:shift]:
-            result = run_child(script, *(str(arg) for arg in variant), timeout=timeout)
+            result = run_child(script, *(str(arg) for arg in variant + extra), timeout=timeout)
             results[variant].append(result)
             log(f"round {index + 1}/{rounds} {' '.join(map(str, variant))}: "
                 + ", ".join(f"{key} {value:.4g}" for key, value in result.items() if isinstance(value, (int, float))))

@@ -126,6 +126,10 @@ SUMMARY = {
         "The straggler is a SIGSTOP duty cycle on 2 shared cores: while it is stopped the others likely get its core, "
         "so sync loses less than on real hosts and switching gains less (1.2x); 3-of-4 backups cannot free CPU "
         "that the 4 workers share. A simulated cluster (a sleep in the step, not CPU) would judge it."),
+    "sync_stragglers": (
+        "On a simulated cluster (a sleep per batch, worker 0 3x), what do SyncSwitch and 3-of-4 backups buy?",
+        "switch / sync, examples/s",
+        ""),
     "wire_dtype_quality": (
         "Does bfloat16 on the wire change model quality?",
         "bfloat16 - float32, mean", ""),

@@ -6,7 +6,9 @@ tests/cluster/test_multihost.py import it.
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -144,3 +146,37 @@ def pid_alive(pid: int) -> bool:
             return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+def crash_under_launch(log_dir: str, seed: int, workers: int, kills: int, more: tuple = ()) -> tuple[list, dict]:
+    """One crash trial of tests/scripts/exact_crash.py as the chief of `tf-psx launch`; returns (kills, RESULT).
+
+    Workers are killed with SIGKILL through the launcher's pids at seeded
+    random moments of the fit, one down at a time: each kill waits for the
+    launcher's restart and the restarted worker's "ready". `more`: more
+    arguments of exact_crash.py (such as "--sync").
+    """
+    rng = random.Random(seed)
+    batches = 8000 - 8000 % workers
+    crash = [sys.executable, os.path.join(SCRIPTS, "exact_crash.py"), "--launched", "--workers", str(workers),
+             "--batches", str(batches), *more]
+    killed = []
+    with LaunchRun(["--workers", str(workers), "--ps", "2", "--max-restarts", str(kills), "--log-dir", log_dir],
+                   crash) as run:
+        index, _ = run.wait_for(r"^\[chief:0\] tf_psx crash fit started")
+        for _ in range(kills):
+            if any(line.startswith("[chief:0] RESULT ") for line in run.lines):
+                break  # the fit ended first
+            victim = f"worker:{rng.randrange(workers)}"
+            pid = run.pids()[victim]
+            os.kill(pid, signal.SIGKILL)
+            killed.append((victim, pid))
+            index, _ = run.wait_for(rf"^tf-psx launch: {victim} exited with status -9 \(killed by SIGKILL\); restarting it",
+                                    start=index)
+            index, _ = run.wait_for(rf"^\[{victim}\] tf_psx.server ready", start=index)
+            time.sleep(rng.uniform(0.3, 2.0))
+        code = run.wait()
+    if code != 0:
+        raise AssertionError(f"the crash trial's launch exited with {code}:\n" + run.output[-5000:])
+    _, match = run.wait_for(r"^\[chief:0\] RESULT (?P<json>\{.*\})$", timeout=1)
+    return killed, json.loads(match["json"])

@@ -31,7 +31,7 @@ import pytest
 
 from tf_psx import launch
 
-from launch_harness import SCRIPTS, STEP_RE, LaunchRun, pid_alive
+from launch_harness import SCRIPTS, STEP_RE, LaunchRun, crash_under_launch, pid_alive
 
 pytestmark = pytest.mark.processes
 
@@ -363,28 +363,7 @@ def test_worker_kills_under_launch_apply_every_example_exactly_once(tmp_path):
     # example, so a row's value counts its applications) as the chief of a
     # `tf-psx launch` job: workers are killed with SIGKILL at seeded random
     # moments of the fit and restarted by the launcher, one down at a time.
-    rng = random.Random(SEED + 1)
-    crash = [sys.executable, os.path.join(SCRIPTS, "exact_crash.py"), "--launched", "--workers", "2",
-             "--batches", "8000"]
-    killed = []
-    with LaunchRun(["--workers", "2", "--ps", "2", "--max-restarts", str(CRASH_KILLS), "--log-dir", str(tmp_path)],
-                   crash) as run:
-        index, _ = run.wait_for(r"^\[chief:0\] tf_psx crash fit started")
-        for _ in range(CRASH_KILLS):
-            if any(line.startswith("[chief:0] RESULT ") for line in run.lines):
-                break  # the fit ended first
-            victim = f"worker:{rng.randrange(2)}"
-            pid = run.pids()[victim]
-            os.kill(pid, signal.SIGKILL)
-            killed.append((victim, pid))
-            index, _ = run.wait_for(rf"^tf-psx launch: {victim} exited with status -9 \(killed by SIGKILL\); restarting it",
-                                    start=index)
-            index, _ = run.wait_for(rf"^\[{victim}\] tf_psx.server ready", start=index)
-            time.sleep(rng.uniform(0.3, 2.0))
-        code = run.wait()
-    assert code == 0, run.output[-5000:]
-    _, match = run.wait_for(r"^\[chief:0\] RESULT (?P<json>\{.*\})$", timeout=1)
-    result = json.loads(match["json"])
+    killed, result = crash_under_launch(str(tmp_path), seed=SEED + 1, workers=2, kills=CRASH_KILLS)
     assert len(killed) >= 2, (killed, result)
     assert result["closure_retries"] >= 1, result
     assert result["steps_rerun"] == [result["closure_retries"]], result  # reported in History, never silent
