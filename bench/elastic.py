@@ -151,7 +151,8 @@ def main() -> None:
         {"metric": "examples/s with 4 workers (after)", "value": round(after_rate, 1)},
         {"metric": "after / before", "value": round(after_rate / before_rate, 3)},
         {"metric": "scale command -> first applied step with 4 workers", "value": round(restart_s, 1), "unit": "s"},
-        {"metric": "steps trained again (last step seen with 2 workers - snapshot resumed from)",
+        {"metric": ("steps computed again (last step seen with 2 workers - snapshot resumed from; the ps "
+                    "rolled back to the snapshot, so each is applied once)"),
          "value": before[-1][1] - resumed_step},
     ]
     if rss_before is not None and all(rss is not None for rss in rss_after):
