@@ -74,14 +74,16 @@ SUMMARY = {
     "exact_fit": (
         "Does an exact `fit` epoch (every example once) cost speed against each worker reading its own part?",
         "exact arrays / per-worker, equal workers",
-        "Missed in the run of 2026-12-05, after the crash journal (tf_psx.step_once) and its pending mark were "
-        "added: each exact update now also saves the rows it writes and runs a roll-back check, about 3-4 CPU ms "
-        "more per step on the ps tasks; an A/B of the same children (3 rounds) gave exact arrays 0.87-0.94 of the "
-        "code before, and the journal's copy alone within the noise (on / off 0.97-1.06 in 5 of 6 pairs, one "
-        "outlier at 1.36). The exact dataset row (0.65) is from spells of this machine: the A/B's rounds gave it "
-        "0.96-1.11 of before. Over a tf.data service on the same 2 cores the dispatcher and the data worker cost "
-        "50-55 CPU ms per step while the coordinator's falls from 12.5-14.6 to 7.6-8.9 ms: it pays only with "
-        "readers on other hosts."),
+        "Missed (run of 2026-12-05 11:11). The coordinator's side is cheap now (arrays 4.8-6.3 CPU ms per step "
+        "against the per-worker path's 3.4-3.8; the dataset 9.2-10.8, down from 12.5-14.6 since the pipeline packs "
+        "each batch; exact dataset 0.77 here against 0.65 in the run before). What is left is on the ps tasks: "
+        "22.5-27.1 CPU ms per step against 14.3-15.2 for the per-worker path, which carries no step token and so skips the token "
+        "rings, the pending check and the crash journal (the rows an update writes, all of a dense variable and "
+        "its slots, copied before it). On 2 shared cores every CPU ms counts against the ratio. A cheaper way to "
+        "make an update cut off midway safe would change it; which of the three costs most is not measured yet. With one 3x "
+        "straggler exact arrays gave 0.67-0.84 of the per-worker path. Over a tf.data service on the same 2 "
+        "cores the dispatcher and the data worker cost 50-55 CPU ms per step: it pays only with readers on "
+        "other hosts."),
     "overhead": (
         "Does tf_psx's strategy cost speed against raw TF on the same cluster?",
         "ratio tf_psx / raw TF", ""),

@@ -148,16 +148,18 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def crash_under_launch(log_dir: str, seed: int, workers: int, kills: int, more: tuple = ()) -> tuple[list, dict]:
+def crash_under_launch(log_dir: str, seed: int, workers: int, kills: int, more: tuple = (),
+                       batches: int = 8000) -> tuple[list, dict]:
     """One crash trial of tests/scripts/exact_crash.py as the chief of `tf-psx launch`; returns (kills, RESULT).
 
     Workers are killed with SIGKILL through the launcher's pids at seeded
     random moments of the fit, one down at a time: each kill waits for the
     launcher's restart and the restarted worker's "ready". `more`: more
-    arguments of exact_crash.py (such as "--sync").
+    arguments of exact_crash.py (such as "--sync"); `batches` is rounded
+    down to a multiple of the workers.
     """
     rng = random.Random(seed)
-    batches = 8000 - 8000 % workers
+    batches -= batches % workers
     crash = [sys.executable, os.path.join(SCRIPTS, "exact_crash.py"), "--launched", "--workers", str(workers),
              "--batches", str(batches), *more]
     killed = []

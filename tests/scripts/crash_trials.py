@@ -70,7 +70,8 @@ def main(argv=None) -> int:
                 else:
                     with tempfile.TemporaryDirectory() as log_dir:
                         killed, result = crash_under_launch(log_dir, seed, workers, args.kills,
-                                                            ("--sync",) if args.sync else ())
+                                                            ("--sync",) if args.sync else (),
+                                                            batches=2000 if args.sync else 8000)
                     kills = len(killed)
                 trial = {"by": by, "workers": workers, "seed": seed, "sync": args.sync, "kills": kills,
                          "passed": passed(result, workers, args.sync), "counts": result["counts"],
