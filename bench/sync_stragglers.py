@@ -98,6 +98,7 @@ def child(mode: str, seed: str) -> None:
             applied = trained * stats["applied_batches"] / max(stats["applied_batches"] + stats["dropped"], 1)
         result = {"mode": mode, "seed": int(seed), "bayes_auc": holdout.bayes_auc, "points": evaluate.points,
                   "examples_per_s": trained / seconds, "applied_examples_per_s": applied / seconds,
+                  "final_auc": evaluate.points[-1]["auc"],
                   "sync": stats, "switched_at_step": None if switch is None else switch.switched_at_step}
     print(json.dumps(result), flush=True)
     os._exit(0)  # pylint: disable=protected-access  (skip TF's slow teardown of the cluster connection)
@@ -138,7 +139,7 @@ def main() -> None:
 
     rounds = interleaved(__file__, [(mode,) for mode in MODES], rounds=len(SEEDS), timeout=CHILD_TIMEOUT_S,
                          round_args=lambda index: (str(SEEDS[index]),))
-    runs = {mode: [each[(mode,)] for each in rounds] for mode in MODES}
+    runs = {mode: rounds[(mode,)] for mode in MODES}
     write_result(
         "sync_stragglers",
         f"a simulated cluster: each worker's input sleeps {DELAY_MS} ms per batch in tf.data (worker 0: "
