@@ -127,7 +127,7 @@ SUMMARY = {
         "switch: examples/s / sync",
         "The straggler is a SIGSTOP duty cycle on 2 shared cores: while it is stopped the others likely get its core, "
         "so sync loses less than on real hosts and switching gains less (1.2x); 3-of-4 backups cannot free CPU "
-        "that the 4 workers share. A simulated cluster (a sleep in the step, not CPU) would judge it."),
+        "that the 4 workers share. bench/sync_stragglers simulates the cluster instead (a sleep per batch, not CPU)."),
     "sync_stragglers": (
         "On a simulated cluster (a sleep per batch, worker 0 3x), what do SyncSwitch and 3-of-4 backups buy?",
         "switch / sync, examples/s",
