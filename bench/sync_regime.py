@@ -80,12 +80,35 @@ def _data(seed: int):
 
 
 
+def strategy_and_model(cluster, spec: dict, num_rows: int, learning_rate: float):
+    """The strategy of a mode's `spec` ("sync", "replicas") on `cluster`, and the logistic model in its scope."""
+    import tf_psx  # pylint: disable=import-outside-toplevel
+
+    from _common import logistic_model  # pylint: disable=import-outside-toplevel
+
+    kwargs = {}
+    if spec.get("sync"):
+        kwargs = {"sync": spec["sync"], "replicas_to_aggregate": spec.get("replicas")}
+    strategy = tf_psx.ParameterServerStrategy(cluster, **kwargs)
+    with strategy.scope():
+        model = logistic_model(num_rows, FIELDS, learning_rate)
+    return strategy, model
+
+
+def applied_examples(strategy, spec: dict, trained: int) -> float:
+    """The examples of `trained` that were applied: in sync mode, less the dropped (late) gradients' share."""
+    if spec.get("sync") is not True:
+        return trained
+    stats = strategy.sync_stats()
+    return trained * stats["applied_batches"] / max(stats["applied_batches"] + stats["dropped"], 1)
+
+
 def child(mode: str, seed: str) -> None:
     """Trains one mode; prints a JSON line with the AUC per epoch, examples/s and step time."""
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from _common import Straggler, holdout_auc, logistic_model  # pylint: disable=import-outside-toplevel
+    from _common import Straggler, holdout_auc  # pylint: disable=import-outside-toplevel
 
     seed = int(seed)
     spec = MODES[mode]
@@ -95,12 +118,7 @@ def child(mode: str, seed: str) -> None:
     steps = STEPS * workers
     straggler = spec.get("straggler", True)
     with tf_psx.LocalCluster(num_workers=workers, num_ps=1, processes=True) as cluster:
-        kwargs = {}
-        if spec.get("sync"):
-            kwargs = {"sync": spec["sync"], "replicas_to_aggregate": spec.get("replicas")}
-        strategy = tf_psx.ParameterServerStrategy(cluster, **kwargs)
-        with strategy.scope():
-            model = logistic_model(train.num_rows, FIELDS, spec.get("lr", LEARNING_RATE))
+        strategy, model = strategy_and_model(cluster, spec, train.num_rows, spec.get("lr", LEARNING_RATE))
 
         def dataset_fn(ctx):
             # TF's ParameterServerStrategy gives every worker input_pipeline_id 0
@@ -127,10 +145,7 @@ def child(mode: str, seed: str) -> None:
                 slow.stop()
         seconds = evaluate.training_seconds()
         trained = (EPOCHS - 1) * steps * batch
-        applied = trained
-        if spec.get("sync") is True:
-            stats = strategy.sync_stats()
-            applied = trained * stats["applied_batches"] / max(stats["applied_batches"] + stats["dropped"], 1)
+        applied = applied_examples(strategy, spec, trained)
         result = {
             "mode": mode,
             "seed": seed,

@@ -61,7 +61,7 @@ def child(mode: str, seed: str) -> None:
     from tensorflow.python.data.experimental.ops import testing  # pylint: disable=import-outside-toplevel
 
     import sync_regime  # pylint: disable=import-outside-toplevel
-    from _common import holdout_auc, logistic_model  # pylint: disable=import-outside-toplevel
+    from _common import holdout_auc  # pylint: disable=import-outside-toplevel
 
     spec = MODES[mode]
     train, holdout = sync_regime._data(int(seed))  # pylint: disable=protected-access  (the same data as sync_regime)
@@ -69,12 +69,7 @@ def child(mode: str, seed: str) -> None:
     batch = sync_regime.GLOBAL_BATCH // workers
     slow_factor = SLOWDOWN if spec.get("straggler", True) else 1
     with tf_psx.LocalCluster(num_workers=workers, num_ps=1, processes=True) as cluster:
-        kwargs = {}
-        if spec.get("sync"):
-            kwargs = {"sync": spec["sync"], "replicas_to_aggregate": spec.get("replicas")}
-        strategy = tf_psx.ParameterServerStrategy(cluster, **kwargs)
-        with strategy.scope():
-            model = logistic_model(train.num_rows, sync_regime.FIELDS, sync_regime.LEARNING_RATE)
+        strategy, model = sync_regime.strategy_and_model(cluster, spec, train.num_rows, sync_regime.LEARNING_RATE)
 
         def dataset_fn(_ctx):
             index = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -92,10 +87,8 @@ def child(mode: str, seed: str) -> None:
                   steps_per_epoch=steps, callbacks=callbacks, verbose=0)
         seconds = evaluate.training_seconds()
         trained = (sync_regime.EPOCHS - 1) * steps * batch
-        applied = trained
+        applied = sync_regime.applied_examples(strategy, spec, trained)
         stats = strategy.sync_stats() if spec.get("sync") else None
-        if spec.get("sync") is True:
-            applied = trained * stats["applied_batches"] / max(stats["applied_batches"] + stats["dropped"], 1)
         result = {"mode": mode, "seed": int(seed), "bayes_auc": holdout.bayes_auc, "points": evaluate.points,
                   "examples_per_s": trained / seconds, "applied_examples_per_s": applied / seconds,
                   "final_auc": evaluate.points[-1]["auc"],

@@ -109,6 +109,16 @@ def _slots(token):
     return tf.stack([_CLAIMED + at, _CLAIMED_VERSION + at, _ARRIVED + at])
 
 
+def _step_token(step):
+    """The token of `step` (a `step_tokens.current()`) when it is a fed step's, else None."""
+    return step[0] if step is not None and step[1] == _tokens.STEP else None
+
+
+def _arrived(held, token):
+    """Whether `token`'s arrival slot (of `held`, from `_read`) holds it: an attempt of its step arrived."""
+    return tf.equal(held[2], tf.cast(token, tf.float64))
+
+
 def _read(state, token=None):
     """(the header, `token`'s three ring slots or None), read by one gather."""
     indices = tf.range(_HEADER, dtype=tf.int64)
@@ -315,7 +325,7 @@ class SyncController:
         else:
             mine = tf.cast(token, tf.float64)
             # A twin of this step arrived: its gradient is in; this attempt applies nothing.
-            twin = tf.equal(held[2], mine)
+            twin = _arrived(held, token)
             # A twin claimed a slot of the current version and never arrived (its worker died): this attempt takes it.
             reuse = enabled & ~twin & tf.equal(held[0], mine) & tf.equal(held[1], s[_F_VERSION])
         fresh = enabled & ~twin & ~reuse
@@ -372,7 +382,7 @@ class SyncController:
         `step_tokens.current()` does not see it; `fn` is traced there with it.
         """
         step = _tokens.current()
-        token = step[0] if step is not None and step[1] == _tokens.STEP else None
+        token = _step_token(step)
 
         def with_token(*args, **kwargs):
             if step is None:
@@ -413,8 +423,7 @@ class SyncController:
             applier = _Applier(optimizer, lambda d, gv: original(d, gv, **kwargs), distribution, accumulators)
             self._applier = applier
 
-            step = _tokens.current()
-            token = step[0] if step is not None and step[1] == _tokens.STEP else None
+            token = _step_token(_tokens.current())
 
             def arrive():
                 s, held = _read(self.state, token)
@@ -439,8 +448,7 @@ class SyncController:
                 if token is None:
                     new = tf.cond(current, accept, reject)
                 else:
-                    new = tf.cond(tf.equal(held[2], tf.cast(token, tf.float64)), skip,
-                                  lambda: tf.cond(current, accept, reject))
+                    new = tf.cond(_arrived(held, token), skip, lambda: tf.cond(current, accept, reject))
                 return tf.cast(new[_F_VERSION], tf.int64)
 
             def synchronous():
