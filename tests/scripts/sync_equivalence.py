@@ -22,6 +22,7 @@ Usage: sync_equivalence.py --layer sharded dynamic --optimizer adagrad lazyadam
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -168,9 +169,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     with tf_psx.LocalCluster(num_workers=args.workers, num_ps=2) as cluster:
         strategy = tf_psx.ParameterServerStrategy(cluster, "fixed:2", sync="switchable")
-        for layer in args.layer:
-            for optimizer in args.optimizer:
-                print("RESULT " + json.dumps(run_pair(strategy, layer, optimizer, args)), flush=True)
+        for layer, optimizer in itertools.product(args.layer, args.optimizer):
+            print("RESULT " + json.dumps(run_pair(strategy, layer, optimizer, args)), flush=True)
     return 0
 
 
