@@ -26,7 +26,10 @@ Variants, each in a fresh process:
   else, so this shows the coordinator's CPU per step, not the gain of
   readers on other hosts;
 * exact_arrays_nojournal: exact_arrays with `tf_psx.step_once.JOURNAL`
-  off (no copy of the rows an update writes): what the journal costs.
+  off (no copy of the rows an update writes): what the journal costs;
+* exact_arrays_notokens: exact_arrays with no step token seen by the
+  updates (`tf_psx.step_once.current` returns None: no ring, no journal,
+  a re-run applied again): what the tokens cost in all.
 
 Each process fits one warm-up epoch (the trace) and times the second; the
 examples/s and the CPU ms per step of every process are read over it. The
@@ -52,7 +55,7 @@ STEPS = 100  # batches of one epoch (warm-up epoch, then the timed one)
 ROUNDS = 5
 WORKERS = 2
 VARIANTS = ["creator", "exact_dataset", "exact_arrays", "exact_arrays_verbose", "creator_straggler",
-            "exact_arrays_straggler", "creator_spe10", "exact_dataset_spe10", "exact_service", "exact_arrays_nojournal"]
+            "exact_arrays_straggler", "creator_spe10", "exact_dataset_spe10", "exact_service", "exact_arrays_nojournal", "exact_arrays_notokens"]
 
 
 def child(variant: str) -> None:
@@ -67,6 +70,11 @@ def child(variant: str) -> None:
 
         step_once.JOURNAL = False
         variant = variant[: -len("_nojournal")]
+    if variant.endswith("_notokens"):  # everything the step tokens cost (no re-run is then applied once)
+        from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+
+        step_once.current = lambda: None
+        variant = variant[: -len("_notokens")]
     cluster = tf_psx.LocalCluster(num_workers=WORKERS, num_ps=2, processes=True,
                                   data_workers=1 if variant == "exact_service" else 0).start()
     slow = None
@@ -182,6 +190,7 @@ def main() -> None:
         ("exact dataset / per-worker, steps_per_execution=10", "exact_dataset_spe10", "creator_spe10", 0.95),
         ("exact over a tf.data service / exact dataset", "exact_service", "exact_dataset", None),
         ("journal on / off (exact arrays)", "exact_arrays", "exact_arrays_nojournal", None),
+        ("step tokens on / off (exact arrays)", "exact_arrays", "exact_arrays_notokens", None),
     ]
     rows = [_ratio_row(metric, ratios(top, bottom), target) for metric, top, bottom, target in comparisons
             if top in runs and bottom in runs]

@@ -259,8 +259,54 @@ def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, who
         with tf.control_dependencies([count]):
             return tf.identity(done)
 
+    if journal is not None and _fits(journal, rows):
+        with tf.control_dependencies([unsure_now]):
+            return _apply_then_undo_a_twin(ring, slots, held, token, unsure_now, journal, writes, whole, rows, apply)
     with tf.control_dependencies([unsure_now]):
         return tf.cond(tf.equal(held[0], token), twin, first)
+
+
+def _fits(journal, rows) -> bool:
+    """True when the journal surely holds every row the update writes (a dense update, or a static row count that fits)."""
+    indices, _ = journal
+    if indices is None:
+        return True
+    static = rows.shape[0] if rows.shape.rank == 1 else None
+    return static is not None and static <= int(indices.shape[0]) - 1
+
+
+def _apply_then_undo_a_twin(ring, slots, held, token, unsure_now, journal, writes, whole, rows, apply):
+    """`once`'s update with `apply` outside any cond: applied always, then undone from the journal by a twin.
+
+    The optimizer's ops inside a cond branch cost more than the ring, the
+    journal and the cond together (bench/exact_fit.py, exact_arrays against
+    exact_arrays_notokens); a twin is rare (a step TF re-ran), so it pays
+    the undo instead. Between the apply and the undo the variable holds the
+    update twice, as async readers can see any variable mid-update; a cut
+    there leaves the pending mark, and the next lock holder rolls it back.
+    """
+    saved = _save(journal, writes, whole, rows)
+    with tf.control_dependencies([saved]):
+        mark = ring.scatter_update(tf.IndexedSlices(tf.reshape(token, [1]), slots[3:4]))
+    with tf.control_dependencies([mark]):
+        done = apply()
+
+    def undo():
+        restored = _restore(journal, writes, whole)
+        with tf.control_dependencies([restored]):
+            count = ring.scatter_update(tf.IndexedSlices(held[2:3] + 1, slots[2:3]))
+        with tf.control_dependencies([count]):
+            return tf.constant(True)
+
+    with tf.control_dependencies([done]):
+        undone = tf.cond(tf.equal(held[0], token), undo, lambda: tf.constant(False))
+    with tf.control_dependencies([undone]):
+        # A twin writes back what its slot holds: its own token, "unsure" unchanged.
+        unsure = unsure_now + tf.cast(held[0] > token, tf.int64)
+        record = ring.scatter_update(tf.IndexedSlices(tf.stack([token, unsure, tf.constant(0, tf.int64)]),
+                                                      tf.gather(slots, [0, 1, 3])))
+    with tf.control_dependencies([record]):
+        return tf.identity(done)
 
 
 def once_counter(owner, key: str, variable_scope, counter, delta):
