@@ -55,7 +55,8 @@ STEPS = 100  # batches of one epoch (warm-up epoch, then the timed one)
 ROUNDS = 5
 WORKERS = 2
 VARIANTS = ["creator", "exact_dataset", "exact_arrays", "exact_arrays_verbose", "creator_straggler",
-            "exact_arrays_straggler", "creator_spe10", "exact_dataset_spe10", "exact_service", "exact_arrays_nojournal", "exact_arrays_notokens"]
+            "exact_arrays_straggler", "creator_spe10", "exact_dataset_spe10", "exact_service", "exact_arrays_nojournal",
+            "exact_arrays_notokens"]
 
 
 def child(variant: str) -> None:
