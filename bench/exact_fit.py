@@ -138,27 +138,11 @@ def _run(variant: str) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def _ratio_row(metric: str, values: list[float], target: float | None, higher_is_better: bool = True) -> dict:
-    low, high, median = min(values), max(values), statistics.median(values)
-    ok = None
-    if target is not None:
-        if (low >= target) if higher_is_better else (high <= target):
-            ok = True
-        elif (high < target) if higher_is_better else (low > target):
-            ok = False
-        else:
-            ok = None  # the spread straddles the target: not judged
-    row = {"metric": metric, "value": round(median, 3), "unit": f"x (spread {low:.3f}-{high:.3f})", "ok": ok}
-    if target is not None:
-        row["target"] = f"{'>=' if higher_is_better else '<='} {target}"
-    return row
-
-
 def main() -> None:
     """`python bench/exact_fit.py [--variants a,b,...]`: every variant, or a part (the other rows are kept, dated)."""
     import argparse  # pylint: disable=import-outside-toplevel
 
-    from _common import kept_rows, machine, write_result  # pylint: disable=import-outside-toplevel
+    from _common import kept_rows, machine, ratio_row, write_result  # pylint: disable=import-outside-toplevel
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
@@ -193,7 +177,7 @@ def main() -> None:
         ("journal on / off (exact arrays)", "exact_arrays", "exact_arrays_nojournal", None),
         ("step tokens on / off (exact arrays)", "exact_arrays", "exact_arrays_notokens", None),
     ]
-    rows = [_ratio_row(metric, ratios(top, bottom), target) for metric, top, bottom, target in comparisons
+    rows = [ratio_row(metric, ratios(top, bottom), target) for metric, top, bottom, target in comparisons
             if top in runs and bottom in runs]
     for variant in chosen:
         cpu = statistics.median(r["cpu_ms_per_step"]["coordinator"] for r in runs[variant])

@@ -40,9 +40,17 @@ nothing that counts; a cut after 4 is a finished update. An update without
 a journal (a TFRA table: its rows live in the table) counts a mark it
 finds as "unsure": applied again, and reported.
 
-Cost: one gather, one compare and one scatter of a few int64s, plus the
-copy of the rows the update writes (a dense variable's copy is its whole
-value), on the variable's ps task under the lock it already holds.
+Where the journal surely holds what the update writes (a dense update, or
+a sparse one whose row count is static and fits: a fed step's is), the
+update is not put inside a cond: it is applied whatever the ring says, and
+a twin then writes the journal back (counted as skipped). The optimizer's
+ops inside a cond branch were most of what the tokens cost
+(bench/exact_fit.py, exact_arrays against exact_arrays_notokens); the undo
+costs only the rare re-run.
+
+Cost: one gather, two small conds and two scatters of a few int64s, plus
+the copy of the rows the update writes (a dense variable's copy is its
+whole value), on the variable's ps task under the lock it already holds.
 """
 
 from __future__ import annotations
