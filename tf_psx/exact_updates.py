@@ -292,10 +292,16 @@ def _bump_iterations(optimizer):
                 lock = tf.CriticalSection(shared_name=f"{_LOCK_PREFIX}_{next(_ids)}")
             entry = optimizer.__dict__[_ITERATIONS_LOCK_ATTR] = (lock, iterations)
 
+        # The lock is taken once the step's token (and delta) are on the ps: a MutexLock with no input was
+        # taken as soon as the ps began its part of the step, and held while a stalled worker had not yet
+        # sent the token (bench/exact_fit.py, exact_arrays_straggler).
+        with tf.device(iterations.device):
+            ready = [tf.identity(value) for value in (_step_once.current()[0], delta) if tf.is_tensor(value)]
+
         def update():
             return _step_once.once_counter(optimizer, "iterations", _scope_of(iterations), iterations, delta)
 
-        return _execute_unordered(entry[0], update, iterations)
+        return _execute_unordered(entry[0], update, iterations, ready=ready)
 
     return bump
 
