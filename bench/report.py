@@ -74,16 +74,18 @@ SUMMARY = {
     "exact_fit": (
         "Does an exact `fit` epoch (every example once) cost speed against each worker reading its own part?",
         "exact arrays / per-worker, equal workers",
-        "Missed (run of 2026-12-05 11:11). The coordinator's side is cheap now (arrays 4.8-6.3 CPU ms per step "
-        "against the per-worker path's 3.4-3.8; the dataset 9.2-10.8, down from 12.5-14.6 since the pipeline packs "
-        "each batch; exact dataset 0.77 here against 0.65 in the run before). What is left is on the ps tasks: "
-        "22.5-27.1 CPU ms per step against 14.3-15.2 for the per-worker path, which carries no step token and so skips the token "
-        "rings, the pending check and the crash journal (the rows an update writes, all of a dense variable and "
-        "its slots, copied before it). On 2 shared cores every CPU ms counts against the ratio. A cheaper way to "
-        "make an update cut off midway safe would change it; which of the three costs most is not measured yet. With one 3x "
-        "straggler exact arrays gave 0.67-0.84 of the per-worker path. Over a tf.data service on the same 2 "
-        "cores the dispatcher and the data worker cost 50-55 CPU ms per step: it pays only with readers on "
-        "other hosts."),
+        "Run of 2026-12-05 14:05: exact dataset (0.77-0.84) and exact arrays with one 3x straggler (0.66-0.86) "
+        "missed; exact arrays with equal workers straddles (median 0.81, one round 1.08). Without step tokens (exact_arrays_notokens: no ring, no journal, a "
+        "re-run applied again) exact arrays ran at or above the per-worker path in every round, so what is left "
+        "is what makes a step TF re-runs after a crash count once: the ps tasks spend 19.7-23.7 CPU ms per step "
+        "with the tokens against 13.1-14.2 without. The optimizer's ops inside a cond branch had been most of it; "
+        "they now run outside any cond where the journal holds the rows (earlier runs today: ps 22.5-27.1). "
+        "Turning off the journal copy or the two small conds that remain did not lower the ps CPU in a "
+        "diagnostic A/B: the rest is the ring's gathers and scatters, a few dozen small ops per variable update "
+        "(18 updates per step here). One ring and one journal per ps task for a step's dense updates would cut "
+        "them; not built. Ratios move 0.1-0.3 between rounds on 2 shared cores (the per-worker path alone "
+        "ran at 16,526-21,923 examples/s). Over a tf.data service on the same 2 cores the dispatcher and the "
+        "data worker cost 50-55 CPU ms per step: it pays only with readers on other hosts."),
     "overhead": (
         "Does tf_psx's strategy cost speed against raw TF on the same cluster?",
         "ratio tf_psx / raw TF", ""),
