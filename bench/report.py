@@ -75,7 +75,9 @@ SUMMARY = {
         "Does an exact `fit` epoch (every example once) cost speed against each worker reading its own part?",
         "exact arrays / per-worker, equal workers",
         "Run of 2026-12-05 14:05: exact dataset (0.77-0.84) and exact arrays with one 3x straggler (0.66-0.86) "
-        "missed; exact arrays with equal workers straddles (median 0.81, one round 1.08). Without step tokens (exact_arrays_notokens: no ring, no journal, a "
+        "missed; exact arrays with equal workers straddles (median 0.81, one round 1.08). At "
+        "steps_per_execution=10 (run of 15:02; there a step carries no token, so a crash re-run can count twice) "
+        "exact dataset gave 0.97 (0.90-1.00), not judged. Without step tokens (exact_arrays_notokens: no ring, no journal, a "
         "re-run applied again) exact arrays ran at or above the per-worker path in every round, so what is left "
         "is what makes a step TF re-runs after a crash count once: the ps tasks spend 19.7-23.7 CPU ms per step "
         "with the tokens against 13.1-14.2 without. The optimizer's ops inside a cond branch had been most of it; "
