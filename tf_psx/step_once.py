@@ -103,7 +103,7 @@ def _ring(owner, key: str, kind: str, variable_scope, extra: int = 0):
 
 def _capacity(writes, rows) -> int:
     """Rows a sparse journal holds: the gradient's row count when it is static, else JOURNAL_ROWS; never more than the variable's."""
-    static = rows.shape[0] if rows.shape.rank == 1 else None
+    static = _static_rows(rows)
     rows_of_variable = min(int(variable.shape[0]) for variable in writes)
     return max(1, min(rows_of_variable, static if static is not None else JOURNAL_ROWS))
 
@@ -172,7 +172,7 @@ def _save(journal, writes, whole, rows):
         number = tf.size(unique, out_type=tf.int64)
         return tf.cond(number <= capacity, lambda: by_rows(unique, number), nothing)
 
-    static = rows.shape[0] if rows.shape.rank == 1 else None
+    static = _static_rows(rows)
     if static is not None and static <= capacity:  # known to fit (a fed step's shapes are static): no cond
         return by_rows(rows, count)
     return tf.cond(count <= capacity, lambda: by_rows(rows, count), deduplicated)
@@ -247,13 +247,31 @@ def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, who
     # examples/s in an A/B of 3 rounds, bench/exact_fit.py.)
     unsure_now = tf.cond(held[3] > 0, roll_back, lambda: tf.identity(held[1]))
 
-    def first():
+    def count_twin():
+        return ring.scatter_update(tf.IndexedSlices(held[2:3] + 1, slots[2:3]))
+
+    def first(undo_a_twin=False):
         saved = [_save(journal, writes, whole, rows)] if journal is not None else []
         with tf.control_dependencies(saved):
             mark = ring.scatter_update(tf.IndexedSlices(tf.reshape(token, [1]), slots[3:4]))
         with tf.control_dependencies([mark]):
             done = apply()
-        with tf.control_dependencies([done]):
+        settled = done
+        if undo_a_twin:
+            # Applied whatever the ring says; a twin writes the journal back. Between the apply and the undo
+            # the variable holds the update twice, as async readers can see any variable mid-update; a cut
+            # there leaves the pending mark, and the next lock holder rolls it back.
+            def undo():
+                restored = _restore(journal, writes, whole)
+                with tf.control_dependencies([restored]):
+                    count = count_twin()
+                with tf.control_dependencies([count]):
+                    return tf.constant(True)
+
+            with tf.control_dependencies([done]):
+                settled = tf.cond(tf.equal(held[0], token), undo, lambda: tf.constant(False))
+        with tf.control_dependencies([settled]):
+            # A twin writes back what its slot holds: its own token, "unsure" unchanged.
             unsure = unsure_now + tf.cast(held[0] > token, tf.int64)
             record = ring.scatter_update(tf.IndexedSlices(tf.stack([token, unsure, tf.constant(0, tf.int64)]),
                                                           tf.gather(slots, [0, 1, 3])))
@@ -263,15 +281,22 @@ def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, who
     def twin():
         done = skip()
         with tf.control_dependencies([done]):
-            count = ring.scatter_update(tf.IndexedSlices(held[2:3] + 1, slots[2:3]))
+            count = count_twin()
         with tf.control_dependencies([count]):
             return tf.identity(done)
 
-    if journal is not None and _fits(journal, rows):
-        with tf.control_dependencies([unsure_now]):
-            return _apply_then_undo_a_twin(ring, slots, held, token, unsure_now, journal, writes, whole, rows, apply)
     with tf.control_dependencies([unsure_now]):
+        if journal is not None and _fits(journal, rows):
+            # The optimizer's ops inside a cond branch cost more than the ring, the journal and the cond
+            # together (bench/exact_fit.py, exact_arrays against exact_arrays_notokens); a twin is rare
+            # (a step TF re-ran), so it pays the undo instead.
+            return first(undo_a_twin=True)
         return tf.cond(tf.equal(held[0], token), twin, first)
+
+
+def _static_rows(rows):
+    """The row count of a rank-1 `rows` when known at trace time, else None."""
+    return rows.shape[0] if rows.shape.rank == 1 else None
 
 
 def _fits(journal, rows) -> bool:
@@ -279,42 +304,8 @@ def _fits(journal, rows) -> bool:
     indices, _ = journal
     if indices is None:
         return True
-    static = rows.shape[0] if rows.shape.rank == 1 else None
+    static = _static_rows(rows)
     return static is not None and static <= int(indices.shape[0]) - 1
-
-
-def _apply_then_undo_a_twin(ring, slots, held, token, unsure_now, journal, writes, whole, rows, apply):
-    """`once`'s update with `apply` outside any cond: applied always, then undone from the journal by a twin.
-
-    The optimizer's ops inside a cond branch cost more than the ring, the
-    journal and the cond together (bench/exact_fit.py, exact_arrays against
-    exact_arrays_notokens); a twin is rare (a step TF re-ran), so it pays
-    the undo instead. Between the apply and the undo the variable holds the
-    update twice, as async readers can see any variable mid-update; a cut
-    there leaves the pending mark, and the next lock holder rolls it back.
-    """
-    saved = _save(journal, writes, whole, rows)
-    with tf.control_dependencies([saved]):
-        mark = ring.scatter_update(tf.IndexedSlices(tf.reshape(token, [1]), slots[3:4]))
-    with tf.control_dependencies([mark]):
-        done = apply()
-
-    def undo():
-        restored = _restore(journal, writes, whole)
-        with tf.control_dependencies([restored]):
-            count = ring.scatter_update(tf.IndexedSlices(held[2:3] + 1, slots[2:3]))
-        with tf.control_dependencies([count]):
-            return tf.constant(True)
-
-    with tf.control_dependencies([done]):
-        undone = tf.cond(tf.equal(held[0], token), undo, lambda: tf.constant(False))
-    with tf.control_dependencies([undone]):
-        # A twin writes back what its slot holds: its own token, "unsure" unchanged.
-        unsure = unsure_now + tf.cast(held[0] > token, tf.int64)
-        record = ring.scatter_update(tf.IndexedSlices(tf.stack([token, unsure, tf.constant(0, tf.int64)]),
-                                                      tf.gather(slots, [0, 1, 3])))
-    with tf.control_dependencies([record]):
-        return tf.identity(done)
 
 
 def once_counter(owner, key: str, variable_scope, counter, delta):
