@@ -181,17 +181,17 @@ def test_a_counter_cancelled_between_its_two_writes_is_bumped_once_by_the_rerun(
     assert int(counter.numpy()) == 1001
 
 
-def _cut_step(owner, key, update, rows=(0,), static=False, dense=False, **journal):
+def _cut_step(owner, key, update, rows=(0,), layout="rows", **journal):
     """A traced update under `step_once.once`, cut off after it on request.
 
     `update(rows)` makes the update's ops and returns the last one; `cut`
     aborts the function once the update is done and before its token is
     recorded, as TF aborts a ps's part of a step whose worker died.
-    `journal`: once's `writes` (the step's rows go with them, or none with
-    `dense`: the whole variables are saved). `static`: the row count is part
-    of the signature, as in a fed step (the journal then surely holds the
-    rows, and the update runs outside a cond: step_once's "apply, then undo
-    a twin").
+    `journal`: once's `writes`. `layout`: "rows" (the step's rows go with
+    them, their count known at run time only), "static" (the count is part of
+    the signature, as in a fed step: the journal then surely holds the rows,
+    and the update runs outside a cond, a twin undoing it) or "dense" (no
+    rows: the whole variables are saved, also outside a cond).
     """
     import contextlib  # pylint: disable=import-outside-toplevel
 
@@ -199,7 +199,7 @@ def _cut_step(owner, key, update, rows=(0,), static=False, dense=False, **journa
     from tf_psx._tf import step_tokens  # pylint: disable=import-outside-toplevel
 
     @tf.function(input_signature=[tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.bool),
-                                  tf.TensorSpec([len(rows) if static else None], tf.int64)])
+                                  tf.TensorSpec([len(rows) if layout == "static" else None], tf.int64)])
     def step(token, cut, step_rows):
         def apply():
             with tf.control_dependencies([update(step_rows)]):
@@ -209,7 +209,7 @@ def _cut_step(owner, key, update, rows=(0,), static=False, dense=False, **journa
 
         with step_tokens.tracing_with(token, step_tokens.STEP):
             return step_once.once(owner, key, contextlib.nullcontext, apply, lambda: tf.constant(0, tf.int64),
-                                  **(dict(journal, rows=None if dense else step_rows) if journal else {}))
+                                  **(dict(journal, rows=None if layout == "dense" else step_rows) if journal else {}))
 
     return lambda token, cut=False, rows=rows: step(tf.constant(token, tf.int64), tf.constant(cut),
                                                     tf.constant(rows, tf.int64))
@@ -223,16 +223,14 @@ def _add_ones(variable, rows):
 def _row_step(owner, table, accumulator, layout="rows"):
     """An Adagrad-like update of rows 0 and 2 (accumulator first, then the rows), cut off after it on request.
 
-    `layout`: "rows" (a row count known at run time only), "static" (known
-    when traced) or "dense" (the whole variables journaled).
+    `layout`: as `_cut_step`'s.
     """
 
     def update(rows):
         with tf.control_dependencies([_add_ones(accumulator, rows)]):
             return _add_ones(table, rows)
 
-    return _cut_step(owner, "table", update, rows=(0, 2), static=layout == "static", dense=layout == "dense",
-                     writes=[table, accumulator])
+    return _cut_step(owner, "table", update, rows=(0, 2), layout=layout, writes=[table, accumulator])
 
 
 @pytest.mark.parametrize("layout", ["rows", "static", "dense"])
