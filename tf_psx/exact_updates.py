@@ -18,6 +18,8 @@ lock, and the lock is released when every op they created has run. Locks
 are per variable, so updates of different variables (and different shards)
 still run in parallel; only two updates of the same shard wait on each other,
 which is what the `use_locking` kernels of TF's fused optimizers do too.
+A step that carries a token (tf_psx.step_once) makes its dense updates as
+one unit per ps task instead, under the task's lock (`grouped_apply`).
 
 Adam-family optimizers bias-correct with the step number. Under several
 workers the global `iterations` is read by two steps at once, so each
@@ -41,9 +43,12 @@ this module's functions to them.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import inspect
 import itertools
 import logging
+import threading
 
 import tensorflow as tf
 
@@ -258,7 +263,13 @@ def _mark_rows(optimizer, gradient, variable) -> None:
 
 
 def _locked_update(original, optimizer, gradient, variable):
+    collector = getattr(_group, "apply", None)
+    if _joins_group(optimizer, gradient, variable):
+        collector.pending.append((original, gradient, variable))
+        return tf.constant(0, tf.int64)
     lock, step = _state_for(optimizer, variable)
+    if _GROUPED_ATTR in optimizer.__dict__ and optimizer.__dict__[_GROUPED_ATTR].get(_door.var_key(optimizer, variable)):
+        lock = _device_lock(optimizer, variable.device)  # a grouped variable is updated under its ps task's lock only
     gradient = _on_variable_device(gradient, variable)
 
     def run():
@@ -276,7 +287,135 @@ def _locked_update(original, optimizer, gradient, variable):
                                lambda: _run_counted(optimizer, step, run), step.read_value,
                                writes=writes, rows=rows, whole=whole)
 
-    return _execute_unordered(lock, update, step, ready=_tensors_of(gradient))
+    output = _execute_unordered(lock, update, step, ready=_tensors_of(gradient))
+    if collector is not None:
+        collector.outputs.append(output)
+    return output
+
+
+# --- A step's dense updates, one unit per ps task ---
+#
+# Under a step token every exact update pays a ring look-up, a journal and
+# two small conds (tf_psx.step_once), a few dozen small ops on its ps task:
+# with FixedShards(2) splitting every dense variable, 18 such units a step
+# on the 26-feature model (bench/exact_fit.py, exact_arrays against
+# exact_arrays_notokens). The dense updates of one apply are made instead as
+# one unit per ps task: one lock (the task's), one ring and one journal
+# holding every variable of the unit. A variable is grouped or not from its
+# first update on (`_GROUPED_ATTR`), and a grouped one is then always
+# updated under its task's lock, alone or in a group, so that two paths
+# never write it under two locks.
+
+_GROUPED_ATTR = "_tf_psx_grouped"  # variable key -> True (grouped: its ps task's lock) or False (its own lock)
+_DEVICE_LOCKS_ATTR = "_tf_psx_device_locks"  # ps device -> the lock of its grouped variables
+_group = threading.local()  # .apply: the `_Collector` of the apply being traced in this thread, or None
+
+
+class _Collector:
+    """What one apply with a step token collects: the dense updates to group (None: not grouped) and every output."""
+
+    def __init__(self, grouping: bool):
+        self.pending = [] if grouping else None
+        self.outputs = []
+
+
+def _device_lock(optimizer, device: str):
+    """The lock of `optimizer`'s grouped variables on `device`, made on first use."""
+    locks = optimizer.__dict__.setdefault(_DEVICE_LOCKS_ATTR, {})
+    if device not in locks:
+        with tf.init_scope(), tf.device(device):
+            locks[device] = tf.CriticalSection(shared_name=f"{_LOCK_PREFIX}_{next(_ids)}")
+    return locks[device]
+
+
+def _joins_group(optimizer, gradient, variable) -> bool:
+    """True when this update is collected into its ps task's unit (a dense gradient inside `grouped_apply`).
+
+    Decides, on a variable's first update, whether it is grouped from then on.
+    """
+    grouped = optimizer.__dict__.setdefault(_GROUPED_ATTR, {})
+    key = _door.var_key(optimizer, variable)
+    collector = getattr(_group, "apply", None)
+    collecting = collector is not None and collector.pending is not None and not isinstance(gradient, tf.IndexedSlices)
+    if key not in grouped:
+        grouped[key] = collecting
+    return collecting and grouped[key]
+
+
+@contextlib.contextmanager
+def grouped_apply(optimizer):
+    """Within it, the dense exact updates of a step with a token are collected; at its end, made one unit per ps task.
+
+    Yields a list that holds, once the context has ended, the output of
+    every exact update of the apply: whoever clears what the updates read
+    (a sync step's accumulators, tf_psx.sync_training) waits for them, so a
+    step cut off between the two leaves nothing cleared that a re-run still
+    has to apply. Not grouped with an EMA (tf-keras reads the variables after
+    their updates); inside another `grouped_apply`, the outer one collects.
+    """
+    if _step_once.current() is None or not _strategy_wants_exact(optimizer) or getattr(_group, "apply", None):
+        yield []
+        return
+    _group.apply = collector = _Collector(grouping=not optimizer.use_ema)
+    try:
+        yield collector.outputs
+    finally:
+        _group.apply = None
+    by_device: dict[str, list] = {}
+    for entry in collector.pending or []:
+        by_device.setdefault(entry[2].device, []).append(entry)
+    for device, entries in by_device.items():
+        collector.outputs.append(_grouped_update(optimizer, device, entries))
+
+
+def after_updates(result, outputs):
+    """`result`, once every tensor of `outputs` (a `grouped_apply`'s list) has run."""
+    if not outputs:
+        return result
+    with tf.control_dependencies(outputs):
+        return tf.identity(result)
+
+
+def grouped_variables(optimizer) -> list[str]:
+    """The keys of `optimizer`'s variables updated in their ps task's unit (`grouped_apply`), sorted."""
+    return sorted(key for key, grouped in optimizer.__dict__.get(_GROUPED_ATTR, {}).items() if grouped)
+
+
+def _grouped_update(optimizer, device: str, entries: list):
+    """The updates `entries` [(original, gradient, variable)] of `device`'s variables as one unit under its lock."""
+    strategy = tf.distribute.get_strategy()
+    variables = [variable for _, _, variable in entries]
+    steps = [_state_for(optimizer, variable)[1] for variable in variables]
+    gradients = [_on_variable_device(gradient, variable) for (_, gradient, variable) in entries]
+    slots = slots_of(optimizer, variables)
+    writes = [written for variable in variables for written in [variable] + slots.get(id(variable), [])]
+    whole = steps if _reads_iterations(optimizer) else []
+    keys = "|".join(_door.var_key(optimizer, variable) for variable in variables)
+    # The ring and journal hold this set of variables (another set on the task gets its own).
+    key = f"group_{hashlib.sha1(keys.encode()).hexdigest()[:12]}"
+
+    def apply():
+        done = []
+        for (original, _, variable), gradient, step in zip(entries, gradients, steps):
+            def run(variable=variable, gradient=gradient, original=original):
+                original(optimizer, gradient, variable)
+                _mark_rows(optimizer, gradient, variable)
+
+            # As tf-keras's apply makes each update (colocated, in the strategy's update context).
+            done.append(strategy.extended.update(variable, lambda _, run=run, step=step: _run_counted(
+                optimizer, step, run), group=True))
+        return tf.add_n(done)
+
+    def skip():
+        return tf.add_n([step.read_value() for step in steps])
+
+    def update():
+        return _step_once.once(optimizer, key, _scope_of(variables[0]), apply, skip, writes=writes, whole=whole,
+                               units=len(entries))
+
+    ready = [tensor for gradient in gradients for tensor in _tensors_of(gradient)]
+    with tf.compat.v1.colocate_with(variables[0]):
+        return _execute_unordered(_device_lock(optimizer, device), update, steps[0], ready=ready)
 
 
 def _bump_iterations(optimizer):
@@ -329,7 +468,7 @@ def install() -> None:
     The patch is inert unless the strategy in scope has `exact_updates`
     set (tf_psx.ParameterServerStrategy does by default).
     """
-    _door.install(_applies, _locked_update, _bump_iterations)
+    _door.install(_applies, _locked_update, _bump_iterations, grouped_apply, after_updates)
 
 
 # --- TFRA hash tables (written against TFRA 0.8.1's DynamicEmbeddingOptimizer) ---
@@ -469,18 +608,19 @@ def tfra_apply_gradients_fn(optimizer, tfra_fn):
                 return _tfra_locked_update(original, optimizer, grad, var)
             return _door.update_step(optimizer, grad, var)
 
-        for grad, var in grads_and_vars:
-            if _tfra.is_tfra_shadow(var):
-                # TFRA's shadows report the coordinator's device; their
-                # update runs where the handles live, not "colocated".
-                with tf.compat.v1.colocate_with(None, ignore_existing=True):
-                    apply_one(var, grad)
-            else:
-                distribution.extended.update(var, apply_one, args=(grad,), group=False)
+        with grouped_apply(optimizer) as outputs:
+            for grad, var in grads_and_vars:
+                if _tfra.is_tfra_shadow(var):
+                    # TFRA's shadows report the coordinator's device; their
+                    # update runs where the handles live, not "colocated".
+                    with tf.compat.v1.colocate_with(None, ignore_existing=True):
+                        apply_one(var, grad)
+                else:
+                    distribution.extended.update(var, apply_one, args=(grad,), group=False)
         if optimizer.use_ema:
             _door.update_moving_average(optimizer, [var for _, var in grads_and_vars])
         bump = _bump_iterations(optimizer)
-        return optimizer.iterations.assign_add(1) if bump is None else bump(1)
+        return after_updates(optimizer.iterations.assign_add(1) if bump is None else bump(1), outputs)
 
     return apply_gradients_fn
 

@@ -48,6 +48,13 @@ ops inside a cond branch were most of what the tokens cost
 (bench/exact_fit.py, exact_arrays against exact_arrays_notokens); the undo
 costs only the rare re-run.
 
+A step's dense updates on one ps task run as one such update
+(tf_psx.exact_updates.grouped_apply): one ring, one journal holding every
+variable and slot they write, one lock; the ring's few dozen small ops
+were then paid once per task instead of once per variable (18 times a
+step on the 26-feature benchmark model, FixedShards(2) splitting every
+dense variable).
+
 Cost: one gather, two small conds and two scatters of a few int64s, plus
 the copy of the rows the update writes (a dense variable's copy is its
 whole value), on the variable's ps task under the lock it already holds.
@@ -198,7 +205,7 @@ def _restore(journal, writes, whole):
     return tf.cond(count >= 0, lambda: write_back(tf.range(count)), lambda: tf.constant(False))
 
 
-def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, whole=()):
+def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, whole=(), units=1):
     """`apply()` unless the step being traced already applied here, then `skip()`; run it under `key`'s lock.
 
     Args:
@@ -216,6 +223,9 @@ def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, who
         saved: cut off midway, such an update counts as "unsure".
       whole: more variables `apply` writes, saved whole whatever `rows`
         (a per-variable step counter).
+      units: the updates `apply` makes (a ps task's group of dense
+        updates: tf_psx.exact_updates.grouped_apply); a skip or a roll-back
+        counts that many.
 
     Without a token (a path that has none: DatasetCreator, a custom loop),
     `apply()` as before. Every call for one `key` passes the same `writes`.
@@ -236,8 +246,9 @@ def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, who
     def roll_back():
         # An attempt was cut off between its pending mark and its record: its rows go back.
         restored = tf.cast(_restore(journal, writes, whole) if journal is not None else tf.constant(False), tf.int64)
-        unsure = held[1] + 1 - restored
-        cleared = ring.scatter_update(tf.IndexedSlices(tf.stack([unsure, held[4] + restored, tf.constant(0, tf.int64)]),
+        unsure = held[1] + units * (1 - restored)
+        cleared = ring.scatter_update(tf.IndexedSlices(tf.stack([unsure, held[4] + units * restored,
+                                                                 tf.constant(0, tf.int64)]),
                                                        tf.gather(slots, [1, 4, 3])))
         with tf.control_dependencies([cleared]):
             return tf.identity(unsure)
@@ -248,7 +259,7 @@ def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, who
     unsure_now = tf.cond(held[3] > 0, roll_back, lambda: tf.identity(held[1]))
 
     def count_twin():
-        return ring.scatter_update(tf.IndexedSlices(held[2:3] + 1, slots[2:3]))
+        return ring.scatter_update(tf.IndexedSlices(held[2:3] + units, slots[2:3]))
 
     def first(undo_a_twin=False):
         saved = [_save(journal, writes, whole, rows)] if journal is not None else []
@@ -272,7 +283,7 @@ def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, who
                 settled = tf.cond(tf.equal(held[0], token), undo, lambda: tf.constant(False))
         with tf.control_dependencies([settled]):
             # A twin writes back what its slot holds: its own token, "unsure" unchanged.
-            unsure = unsure_now + tf.cast(held[0] > token, tf.int64)
+            unsure = unsure_now + units * tf.cast(held[0] > token, tf.int64)
             record = ring.scatter_update(tf.IndexedSlices(tf.stack([token, unsure, tf.constant(0, tf.int64)]),
                                                           tf.gather(slots, [0, 1, 3])))
         with tf.control_dependencies([record]):

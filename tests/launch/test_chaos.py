@@ -369,4 +369,5 @@ def test_worker_kills_under_launch_apply_every_example_exactly_once(tmp_path):
     assert result["steps_rerun"] == [result["closure_retries"]], result  # reported in History, never silent
     assert result["counts"] == {"1": result["rows"]}, result  # every row checked: applied exactly once
     assert result["iterations"] == result["steps"], result
+    assert result["offset_steps"] == {str(result["steps"]): 8}, result  # the dense offsets: every step once
     assert result["caught"]["unsure"] == 0, result

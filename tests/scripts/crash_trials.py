@@ -33,11 +33,14 @@ def passed(result: dict, workers: int, sync: bool) -> bool:
     """Every row applied once, and the step counts exact."""
     if result["counts"] != {"1": result["rows"]} or result["caught"]["unsure"]:
         return False
+    steps = result["steps"] // workers if sync else result["steps"]
+    if result["offset_steps"] != {str(steps): 8}:  # the 8 elements of the two dense offsets: every step once
+        return False
     if not sync:
         return result["iterations"] == result["steps"]
     stats = result["sync"]
     return (stats["applied_batches"] == result["steps"] and stats["dropped"] == 0
-            and result["iterations"] == stats["applied_steps"] == result["steps"] // workers)
+            and result["iterations"] == stats["applied_steps"] == steps)
 
 
 def local_trial(workers: int, seed: int, kills: int, sync: bool) -> dict:
@@ -75,6 +78,7 @@ def main(argv=None) -> int:
                     kills = len(killed)
                 trial = {"by": by, "workers": workers, "seed": seed, "sync": args.sync, "kills": kills,
                          "passed": passed(result, workers, args.sync), "counts": result["counts"],
+                         "offset_steps": result["offset_steps"], "grouped": result["grouped"],
                          "iterations": result["iterations"], "closure_retries": result["closure_retries"],
                          "caught": result["caught"], "sync_stats": result.get("sync"), "seconds": result["seconds"]}
                 trials.append(trial)

@@ -8,7 +8,9 @@ seeded) and restarts it on its port (LocalCluster(processes=True)); every worker
 busy (fit queues its steps ahead), so a kill lands inside a step.
 
 Prints `RESULT {json}`: the applications of every example (`counts`: how
-many rows were applied 0, 1, 2, ... times), `iterations`, the coordinator's
+many rows were applied 0, 1, 2, ... times), `iterations`, the steps each
+element of the model's dense offsets was updated by (`offset_steps`: steps
+-> elements; each must have every step once), the coordinator's
 closure retries and what the step tokens caught
 (`tf_psx.exact_updates.rerun_counts`). `--no-tokens` turns the tokens off
 (the behaviour before them), for the comparison.
@@ -42,7 +44,7 @@ import numpy as np
 import tf_psx
 import tensorflow as tf
 
-from exact_epochs import BATCH, GRAD, applications, build, rows_of  # pylint: disable=wrong-import-position
+from exact_epochs import BATCH, GRAD, applications, build, rows_of, steps_of  # pylint: disable=wrong-import-position
 
 # Seconds between two kills (uniform), after the restarted worker listens again.
 GAP_S = (0.3, 2.0)
@@ -128,7 +130,7 @@ def main(argv=None) -> int:
     with (tf_psx.launched_or(local) if args.launched else local) as cluster:
         sync = dict(sync=True, sync_timeout_s=30) if args.sync else {}
         strategy = tf_psx.ParameterServerStrategy(cluster, "fixed:2", **sync)
-        model = build(strategy, count)
+        model = build(strategy, count, dense=True)
         running = threading.Event()
         killer = Killer(cluster, args.workers, 0 if args.launched else args.kills, args.seed, running)
         killer.start()
@@ -144,11 +146,15 @@ def main(argv=None) -> int:
         rows = rows_of(model, count, tfra=False)
         grad = GRAD / args.workers if args.sync else GRAD
         applied = [applications(row, grad) for row in rows]
+        # The steps each dense offset element was updated by (every step once: `steps`, or the sync steps).
+        offsets = steps_of(np.concatenate(tf_psx.unsharded_weights(model.get_layer("offsets"))))
         print("RESULT " + json.dumps({
             "workers": args.workers, "tokens": not args.no_tokens, "sync": strategy.sync_stats() if args.sync else None, "rows": count, "seconds": round(seconds, 1),
             "kills": killer.log, "killer_errors": killer.errors,
             "counts": {str(k): v for k, v in sorted(collections.Counter(applied).items())},
             "iterations": int(model.optimizer.iterations.numpy()), "steps": args.batches,
+            "offset_steps": {str(k): v for k, v in sorted(collections.Counter(offsets).items())},
+            "grouped": len(tf_psx.exact_updates.grouped_variables(model.optimizer)),
             "closure_retries": retries.count, "steps_rerun": history.history.get("steps_rerun"),
             "caught": tf_psx.exact_updates.rerun_counts(model.optimizer), "stall_reports": len(doctor.reports),
         }), flush=True)

@@ -86,8 +86,46 @@ class Straggler:
         os.kill(self.pid, signal.SIGCONT)
 
 
-def build(strategy, rows: int, tfra: bool = False, name: str = "rows"):
-    """The counting model; with `tfra`, written as TFRA's demos write it (TFRA's layer, a legacy optimizer)."""
+# The offsets' elements (`build(dense=True)`): each gets d(loss)/d(element) = 1 / OFFSETS per step.
+OFFSETS = 4
+OFFSET_GRAD = 1.0 / OFFSETS
+
+
+class Offsets(tf.keras.layers.Layer):
+    """Adds the means of two [OFFSETS] weights to every output: dense variables whose value counts the steps.
+
+    Every step gives each element the same gradient, OFFSET_GRAD (the loss
+    is the batch mean), so an element's value after k applied steps has the
+    closed form of `closed_form(k, OFFSET_GRAD)` (`steps_of` reads k back).
+    Split by "fixed:2", each ps task holds a shard of both: a step's dense
+    updates of a task run as one unit (tf_psx.exact_updates.grouped_apply).
+    """
+
+    def build(self, input_shape):
+        self.first = self.add_weight(name="first", shape=[OFFSETS], initializer="zeros")
+        self.second = self.add_weight(name="second", shape=[OFFSETS], initializer="zeros")
+
+    def call(self, inputs):
+        return inputs + tf.reduce_mean(self.first) + tf.reduce_mean(self.second)
+
+
+def steps_of(values, g: float = OFFSET_GRAD, limit: int = 20000) -> list[int]:
+    """The k of each value under `closed_form(k, g)` (-1 where none is within a quarter of a step)."""
+    terms = g / np.sqrt(A0 + np.arange(1, limit + 1, dtype=np.float64) * g * g)
+    forms = np.concatenate([[0.0], -LR * np.cumsum(terms)])
+    found = []
+    for value in np.ravel(values):
+        k = int(np.argmin(np.abs(forms - value)))
+        step = LR * terms[min(k, limit - 1)]
+        found.append(k if abs(forms[k] - value) < step / 4 else -1)
+    return found
+
+
+def build(strategy, rows: int, tfra: bool = False, name: str = "rows", dense: bool = False):
+    """The counting model; with `tfra`, written as TFRA's demos write it (TFRA's layer, a legacy optimizer).
+
+    With `dense`, the output also carries `Offsets` (dense variables that count the steps applied).
+    """
     with strategy.scope():
         inputs = tf.keras.Input((1,), dtype=tf.int64)
         if tfra:
@@ -101,7 +139,10 @@ def build(strategy, rows: int, tfra: bool = False, name: str = "rows"):
         else:
             layer = tf.keras.layers.Embedding(rows, 1, embeddings_initializer="zeros", name=name)
             optimizer = tf.keras.optimizers.Adagrad(LR, initial_accumulator_value=A0)
-        model = tf.keras.Model(inputs, tf.keras.layers.Flatten()(layer(inputs)))
+        outputs = tf.keras.layers.Flatten()(layer(inputs))
+        if dense:
+            outputs = Offsets(name="offsets")(outputs)
+        model = tf.keras.Model(inputs, outputs)
         model.compile(optimizer, loss=lambda _y, rows_: tf.reduce_sum(rows_, axis=-1))
     return model
 

@@ -26,8 +26,16 @@ With `--sync` the strategy runs synchronous steps: each applies the mean
 of one gradient per worker, which here equals the single gradient, so the
 same closed form holds with S = the sync steps applied.
 
-Usage: exact_updates.py --layer sharded|stock|dynamic --optimizer NAME
+With `--layer dense` the model is one Dense layer on a fixed input (the
+loss linear in its kernel and bias): dense gradients, constant, checked
+against the same sequential applications on a local model. With
+`--input arrays` the steps are fed by the coordinator (`fit` of arrays), so
+they carry step tokens (tf_psx.step_once) and a step's dense updates run as
+one unit per ps task (tf_psx.exact_updates.grouped_apply).
+
+Usage: exact_updates.py --layer sharded|stock|dynamic|dense --optimizer NAME
        [--workers 2] [--processes] [--steps 40] [--spe 1] [--min-count 1] [--sync]
+       [--input creator|arrays]
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ BATCH = 16
 # Key i appears 1 + (i % 3) times in every batch: rows get different gradients.
 MULTIPLICITY = 3
 OPTIMIZERS = ("sgd", "sgd_momentum", "adagrad", "adam", "lazyadam", "psx_sgd", "psx_sgd_momentum")
-LAYERS = ("sharded", "stock", "dynamic")
+LAYERS = ("sharded", "stock", "dynamic", "dense")
 
 
 def make_optimizer(name: str):
@@ -90,6 +98,20 @@ def expected_table(name: str, ids: np.ndarray, steps: int) -> np.ndarray:
     return var.numpy()
 
 
+def expected_dense(name: str, ids: np.ndarray, steps: int) -> np.ndarray:
+    """The "dense" model's weights (flattened) after `steps` sequential applications of its constant gradient."""
+    with tf.device("/cpu:0"):
+        model, _ = build_model("dense")
+        model(ids)  # builds the weights
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(model(ids))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt = make_optimizer(name)
+        for _ in range(steps):
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+    return np.concatenate([w.ravel() for w in model.get_weights()])[None, :]
+
+
 def expected_admitted(name: str, ids: np.ndarray, steps: int, min_count: int) -> np.ndarray:
     """The table when keys are admitted after `min_count` occurrences (see the module doc)."""
     unique, counts = np.unique(ids, return_counts=True)
@@ -103,6 +125,13 @@ def expected_admitted(name: str, ids: np.ndarray, steps: int, min_count: int) ->
 
 
 def build_model(layer: str, min_count: int = 1):
+    if layer == "dense":
+        inputs = tf.keras.Input((batch_ids().shape[1],), dtype=tf.int64)
+        # Dense gradients, constant: the loss is linear in the kernel and bias (the input is fixed).
+        features = tf.keras.layers.Lambda(lambda i: tf.cast(i % 7 + 1, tf.float32) / 7.0)(inputs)
+        dense = tf.keras.layers.Dense(DIM, kernel_initializer="zeros", bias_initializer="zeros")
+        out = tf.keras.layers.Lambda(lambda r: tf.reduce_sum(r, axis=1))(dense(features))
+        return tf.keras.Model(inputs, out), dense
     inputs = tf.keras.Input((None,), dtype=tf.int64)
     if layer == "sharded":
         emb = tf_psx.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="zeros")
@@ -116,6 +145,8 @@ def build_model(layer: str, min_count: int = 1):
 
 
 def table_of(layer: str, emb) -> tuple[np.ndarray, int]:
+    if layer == "dense":
+        return np.concatenate([w.ravel() for w in emb.get_weights()])[None, :], 0
     ids = tf.range(VOCAB, dtype=tf.int64)
     if layer == "sharded":
         return emb.lookup_table(), VOCAB
@@ -139,6 +170,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-exact", action="store_true", help="TF's own update path (the baseline)")
     parser.add_argument("--min-count", type=int, default=1, help="admission of the DynamicEmbedding")
     parser.add_argument("--sync", action="store_true", help="synchronous steps (ParameterServerStrategy(sync=True))")
+    parser.add_argument("--input", choices=("creator", "arrays"), default="creator",
+                        help="each worker's own dataset (DatasetCreator), or fit of arrays (the coordinator feeds them)")
     parser.add_argument("--warn-check", action="store_true",
                         help="also compile with a legacy Adam and print tf_psx's warnings")
     args = parser.parse_args(argv)
@@ -194,8 +227,13 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
         labels = np.zeros([BATCH], np.float32)
         return tf.data.Dataset.from_tensors((ids, labels)).repeat()
 
-    model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1,
-              steps_per_epoch=args.steps, verbose=0)
+    if args.input == "arrays":
+        # The coordinator feeds the steps (step tokens: tf_psx.step_once), `--steps` batches of the same ids.
+        model.fit(np.tile(ids, (args.steps, 1)), np.zeros([BATCH * args.steps], np.float32), batch_size=BATCH,
+                  epochs=1, shuffle=False, verbose=0)  # every batch the same rows
+    else:
+        model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1,
+                  steps_per_epoch=args.steps, verbose=0)
     steps = int(model.optimizer.iterations.numpy())
     actual, keys = table_of(layer, emb)
     admission = layer == "dynamic" and args.min_count > 1
@@ -205,6 +243,9 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
         counted = emb.policy.counts(unique)
         extra = {"min_count": args.min_count, "counts_exact": bool(np.array_equal(counted, steps * counts)),
                  "rows_of_unadmitted_keys": int(np.count_nonzero(actual[unique[steps * counts < args.min_count]]))}
+    elif layer == "dense":
+        expected = expected_dense(optimizer, ids, steps)
+        extra = {}
     else:
         expected = expected_table(optimizer, ids, steps)
         extra = {}
@@ -218,8 +259,10 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
         "workers": args.workers,
         "processes": args.processes,
         "spe": args.spe,
+        "input": args.input,
         "exact_updates": not args.no_exact,
         "steps": steps,
+        "grouped": len(tf_psx.exact_updates.grouped_variables(model.optimizer)),
         "share": float(np.abs(actual).sum()) / move,
         "max_row_error": float(np.abs(actual - expected).max() / np.abs(expected).max()),
         "keys": keys,

@@ -58,6 +58,17 @@ def test_every_layer_and_optimizer_is_exact_with_two_workers():
 
 
 @pytest.mark.processes
+def test_dense_updates_fed_by_the_coordinator_run_grouped_per_ps_task_and_exact():
+    # fit of arrays: the steps carry tokens, so each ps task's dense updates of a step run as one unit
+    # (tf_psx.exact_updates.grouped_apply): the Dense kernel and bias, split in 2 shards each.
+    result = run_script("exact_updates.py", "--layer", "dense", "--optimizer", "adam", "sgd_momentum", "adagrad",
+                        "--workers", "2", "--steps", str(STEPS), "--input", "arrays")
+    results = script_results(result)
+    _check(results, 3)
+    assert [r["grouped"] for r in results] == [4, 4, 4], results
+
+
+@pytest.mark.processes
 def test_three_workers_on_task_processes_with_steps_per_execution():
     result = run_script(
         "exact_updates.py", "--layer", *LAYERS, "--optimizer", "adagrad", "lazyadam", "--workers", "3",
@@ -187,7 +198,7 @@ def _cut_step(owner, key, update, rows=(0,), layout="rows", **journal):
     `update(rows)` makes the update's ops and returns the last one; `cut`
     aborts the function once the update is done and before its token is
     recorded, as TF aborts a ps's part of a step whose worker died.
-    `journal`: once's `writes`. `layout`: "rows" (the step's rows go with
+    `journal`: once's `writes` (and `units`). `layout`: "rows" (the step's rows go with
     them, their count known at run time only), "static" (the count is part of
     the signature, as in a fed step: the journal then surely holds the rows,
     and the update runs outside a cond, a twin undoing it) or "dense" (no
@@ -230,7 +241,8 @@ def _row_step(owner, table, accumulator, layout="rows"):
         with tf.control_dependencies([_add_ones(accumulator, rows)]):
             return _add_ones(table, rows)
 
-    return _cut_step(owner, "table", update, rows=(0, 2), layout=layout, writes=[table, accumulator])
+    units = {"units": 2} if layout == "dense" else {}
+    return _cut_step(owner, "table", update, rows=(0, 2), layout=layout, writes=[table, accumulator], **units)
 
 
 @pytest.mark.parametrize("layout", ["rows", "static", "dense"])
@@ -240,6 +252,7 @@ def test_an_update_cut_off_midway_is_rolled_back_and_applied_once_by_its_rerun(l
     owner = _Owner()
     table, accumulator = tf.Variable(tf.zeros([4, 1])), tf.Variable(tf.zeros([4, 1]))
     step = _row_step(owner, table, accumulator, layout)
+    units = 2 if layout == "dense" else 1  # a ps task's group of updates counts each (exact_updates.grouped_apply)
     step(1)
     with pytest.raises(tf.errors.InvalidArgumentError, match="cut off after the update"):
         step(2, cut=True)  # token 2's first attempt: rows and slots written, token not recorded
@@ -250,7 +263,7 @@ def test_an_update_cut_off_midway_is_rolled_back_and_applied_once_by_its_rerun(l
     step(2)  # and its twin, if any, skips
     assert table.numpy()[:, 0].tolist() == [3, 0, 3, 0]
     assert accumulator.numpy()[:, 0].tolist() == [3, 0, 3, 0]
-    assert step_once.counts(owner) == {"skipped": 1, "unsure": 0, "rolled_back": 1}
+    assert step_once.counts(owner) == {"skipped": units, "unsure": 0, "rolled_back": units}
 
 
 def test_an_update_without_journal_cut_off_midway_is_counted_unsure():
