@@ -74,20 +74,20 @@ SUMMARY = {
     "exact_fit": (
         "Does an exact `fit` epoch (every example once) cost speed against each worker reading its own part?",
         "exact arrays / per-worker, equal workers",
-        "Run of 2026-12-05 14:05: exact dataset (0.77-0.84) and exact arrays with one 3x straggler (0.66-0.86) "
-        "missed; exact arrays with equal workers straddles (median 0.81, one round 1.08). At "
-        "steps_per_execution=10 (run of 15:02; there a step carries no token, so a crash re-run can count twice) "
-        "exact dataset gave 0.97 (0.90-1.00), not judged. Without step tokens (exact_arrays_notokens: no ring, no journal, a "
-        "re-run applied again) exact arrays ran at or above the per-worker path in every round, so what is left "
-        "is what makes a step TF re-runs after a crash count once: the ps tasks spend 19.7-23.7 CPU ms per step "
-        "with the tokens against 13.1-14.2 without. The optimizer's ops inside a cond branch had been most of it; "
-        "they now run outside any cond where the journal holds the rows (earlier runs today: ps 22.5-27.1). "
-        "Turning off the journal copy or the two small conds that remain did not lower the ps CPU in a "
-        "diagnostic A/B: the rest is the ring's gathers and scatters, a few dozen small ops per variable update "
-        "(18 updates per step here). One ring and one journal per ps task for a step's dense updates would cut "
-        "them; not built. Ratios move 0.1-0.3 between rounds on 2 shared cores (the per-worker path alone "
-        "ran at 16,526-21,923 examples/s). Over a tf.data service on the same 2 cores the dispatcher and the "
-        "data worker cost 50-55 CPU ms per step: it pays only with readers on other hosts."),
+        "Run of 2026-12-05 16:51 (5 rounds), with a step's dense updates made as one unit per ps task: exact "
+        "arrays 1.00 (0.91-1.34), exact dataset 0.92 (0.84-1.12) and exact arrays with one 3x straggler 0.93 "
+        "(0.90-0.99) all straddle their targets: not judged either way. Step tokens on / off is now 0.975 "
+        "(0.946-0.992), against 0.78 (0.69-0.82) at 14:05 with one unit per variable (by the model's variables: 18 a step before, 4 now); "
+        "the ps tasks spend 14.7-16.6 CPU ms per step with tokens, 13.6-15.9 without. Exact dataset is the "
+        "slowest because the coordinator runs the user's pipeline (from_tensor_slices of single examples, "
+        "then batch): 8.2-9.4 CPU ms per step on the coordinator against 4.3-5.2 for arrays, which tf_psx "
+        "slices itself; readers on other hosts (a tf.data service) take that off the coordinator. At "
+        "steps_per_execution=10 (run of 15:02, kept; there a step carries no token, so a crash re-run can "
+        "count twice) exact dataset gave 0.97 (0.90-1.00), not judged. The verbose, journal and tf.data "
+        "service rows are kept from runs before the grouping. Ratios move 0.1-0.4 between rounds on 2 shared "
+        "cores (the per-worker path alone ran at 16,133-22,001 examples/s). Over a tf.data service on the "
+        "same 2 cores the dispatcher and the data worker cost 50-55 CPU ms per step: it pays only with "
+        "readers on other hosts."),
     "overhead": (
         "Does tf_psx's strategy cost speed against raw TF on the same cluster?",
         "ratio tf_psx / raw TF", ""),
