@@ -32,7 +32,9 @@ Variants, each in a fresh process:
   a re-run applied again): what the tokens cost in all.
 
 Each process fits one warm-up epoch (the trace) and times the second; the
-examples/s and the CPU ms per step of every process are read over it. The
+examples/s and the CPU ms per step of every process are read over it. An
+epoch is `--steps` batches (400 by default: runs with 100, about 2.5 s
+timed, moved the per-worker path alone by 30% between rounds). The
 variants run interleaved, in ROUNDS rounds (each round in another order);
 every ratio is reported as its median and its spread (min-max) over the
 rounds, and called met or missed only when the spread does not straddle
@@ -51,7 +53,8 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-STEPS = 100  # batches of one epoch (warm-up epoch, then the timed one)
+# Batches of one epoch (warm-up epoch, then the timed one); `--steps` sets it for a run (its children read it here).
+STEPS = int(os.environ.get("TF_PSX_EXACT_FIT_STEPS", "400"))
 ROUNDS = 5
 WORKERS = 2
 VARIANTS = ["creator", "exact_dataset", "exact_arrays", "exact_arrays_verbose", "creator_straggler",
@@ -147,8 +150,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
     parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--steps", type=int, default=STEPS, help="batches per epoch (the timed epoch's steps)")
     options = parser.parse_args()
     chosen, rounds = options.variants.split(","), options.rounds
+    os.environ["TF_PSX_EXACT_FIT_STEPS"] = str(options.steps)
     unknown = sorted(set(chosen) - set(VARIANTS))
     if unknown:
         raise SystemExit(f"exact_fit: unknown variant(s) {unknown}; choose from {VARIANTS}")
@@ -185,7 +190,7 @@ def main() -> None:
         rows.append({"metric": f"{variant}: coordinator CPU", "value": round(cpu, 2), "unit": "ms/step"})
     setup = (f"26-feature Criteo-shaped model (FeatureEmbeddings, MLP 400-400-400, Adagrad), batch 512, "
              f"{WORKERS} workers + 2 ps task processes, steps_per_execution=1 (10 where named), prefetch 4; "
-             f"{STEPS} timed steps after "
+             f"{options.steps} timed steps after "
              f"a warm-up epoch; {rounds} interleaved rounds, a fresh process per run; median and spread (min-max)")
     if len(chosen) < len(VARIANTS):
         setup += f"; this run measured {', '.join(chosen)}, the other rows are kept from an earlier run"
