@@ -29,15 +29,15 @@ counter. With one worker it equals the global count. The counters are
 tracked by the optimizer (`_tf_psx_local_steps`), so they are checkpointed
 and restored with it.
 
-TFRA hash tables get the same protocol per table (see `tfra_apply_gradients_fn`),
-and `adopt_exact_optimizer` decides at compile what a model's optimizer
-becomes under a strategy with `exact_updates`.
+TFRA hash tables get the same protocol per table (see `tfra_apply_gradients_fn`).
+What a model's optimizer becomes at compile under a strategy with
+`exact_updates` is tf_psx.exact_compile.
 
 The patches this needs live in the door: `tf_psx._tf.exact_updates`
 (tf-keras's `_update_step`, `Model.compile`, the private fields read here),
 `tf_psx._tf.lock_release` (the release kept out of TF's op ordering),
 `tf_psx._tf.tfra` and `tf_psx._tf.shadows` (TFRA's optimizer and buffers).
-`install`, `install_compile_warning` and `install_tfra_optimizer_hook` pass
+`install` and `install_tfra_optimizer_hook` pass
 this module's functions to them.
 """
 
@@ -47,17 +47,13 @@ import contextlib
 import hashlib
 import inspect
 import itertools
-import logging
 import threading
 
 import tensorflow as tf
 
-from tf_psx._tf import exact_updates as _door, keras as _tf_keras, lock_release as _lock_release
+from tf_psx._tf import exact_updates as _door, lock_release as _lock_release
 from tf_psx._tf import shadows as _shadows, tfra as _tfra
 from tf_psx import step_once as _step_once
-from tf_psx.errors import TFRAOptimizerError
-
-logger = logging.getLogger("tf_psx")
 
 # Attribute names on the optimizer instance.
 _STATE_ATTR = "_tf_psx_update_locks"
@@ -264,11 +260,12 @@ def _mark_rows(optimizer, gradient, variable) -> None:
 
 def _locked_update(original, optimizer, gradient, variable):
     collector = getattr(_group, "apply", None)
-    if _joins_group(optimizer, gradient, variable):
+    grouped = _is_grouped(optimizer, gradient, variable)
+    if grouped and _collects(gradient):
         collector.pending.append((original, gradient, variable))
         return tf.constant(0, tf.int64)
     lock, step = _state_for(optimizer, variable)
-    if _GROUPED_ATTR in optimizer.__dict__ and optimizer.__dict__[_GROUPED_ATTR].get(_door.var_key(optimizer, variable)):
+    if grouped:
         lock = _device_lock(optimizer, variable.device)  # a grouped variable is updated under its ps task's lock only
     gradient = _on_variable_device(gradient, variable)
 
@@ -328,18 +325,19 @@ def _device_lock(optimizer, device: str):
     return locks[device]
 
 
-def _joins_group(optimizer, gradient, variable) -> bool:
-    """True when this update is collected into its ps task's unit (a dense gradient inside `grouped_apply`).
+def _collects(gradient) -> bool:
+    """True when an update of `gradient` is collected into its ps task's unit (dense, inside a grouping `grouped_apply`)."""
+    collector = getattr(_group, "apply", None)
+    return collector is not None and collector.pending is not None and not isinstance(gradient, tf.IndexedSlices)
 
-    Decides, on a variable's first update, whether it is grouped from then on.
-    """
+
+def _is_grouped(optimizer, gradient, variable) -> bool:
+    """True when `variable` is updated under its ps task's lock: decided at its first update (`_collects`), then kept."""
     grouped = optimizer.__dict__.setdefault(_GROUPED_ATTR, {})
     key = _door.var_key(optimizer, variable)
-    collector = getattr(_group, "apply", None)
-    collecting = collector is not None and collector.pending is not None and not isinstance(gradient, tf.IndexedSlices)
     if key not in grouped:
-        grouped[key] = collecting
-    return collecting and grouped[key]
+        grouped[key] = _collects(gradient)
+    return grouped[key]
 
 
 @contextlib.contextmanager
@@ -639,112 +637,3 @@ def wrap_tfra_optimizer(optimizer, bp_v2: bool = False):
 def install_tfra_optimizer_hook() -> None:
     """Makes tf-keras `Model.compile` wrap the optimizer of a model with a DynamicEmbedding (tf_psx._tf.tfra)."""
     _tfra.install_tfra_optimizer_hook(wrap_tfra_optimizer)
-
-
-# --- What a model's optimizer becomes at compile ---
-
-
-def inexact_reason(optimizer, strategy) -> str | None:
-    """Why `optimizer` under `strategy` may lose or double updates; None when exact.
-
-    Exact: one worker, or tf_psx's strategy with `exact_updates` and a
-    tf-keras (non-legacy) optimizer. Legacy optimizers
-    (`tf.keras.optimizers.legacy.*`) apply through TF's own kernels without
-    the lock; of those only plain SGD (a scatter-add) is exact.
-    """
-    if not hasattr(strategy, "exact_updates") or getattr(strategy, "num_workers", 1) < 2:
-        return None
-    if not strategy.exact_updates:
-        return (
-            "ParameterServerStrategy(exact_updates=False): several async workers can lose or double "
-            "updates of one variable. Fix: leave exact_updates=True (the default)."
-        )
-    legacy = _tf_keras.keras().optimizers.legacy.Optimizer
-    if isinstance(optimizer, legacy):
-        plain_sgd = type(optimizer).__name__ == "SGD" and not _door.legacy_momentum(optimizer)
-        if not plain_sgd:
-            return (
-                f"the legacy optimizer {type(optimizer).__qualname__} applies its updates without tf_psx's "
-                "per-variable lock, so several async workers can lose or mix updates. Fix: use "
-                f"tf.keras.optimizers.{type(optimizer).__name__} (or tf_psx.optimizers.LazyAdam / SGD)."
-            )
-    return None
-
-
-def current_optimizer_for(optimizer):
-    """The current tf-keras optimizer with a legacy optimizer's settings, or None when there is none.
-
-    A legacy optimizer (`tf.keras.optimizers.legacy.*`) applies its update
-    through TF's fused kernels, outside tf_psx's per-variable lock, and its
-    Adam bias correction reads the global step: several async workers lose or
-    mix updates. The current class of the same name computes the same update
-    (Adam: `lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)` in both).
-    None when the class has no current twin or a setting has no meaning there
-    (`decay` != 0).
-    """
-    current = getattr(_tf_keras.keras().optimizers, type(optimizer).__name__, None)
-    if current is None or not isinstance(current, type):
-        return None
-    config = optimizer.get_config()
-    if config.pop("decay", 0.0):
-        return None
-    accepted = inspect.signature(current.__init__).parameters
-    return current.from_config({key: value for key, value in config.items() if key in accepted})
-
-
-def adopt_exact_optimizer(model) -> None:
-    """Under a strategy with exact updates: a legacy optimizer becomes its current twin, TFRA layers get exact updates.
-
-    A legacy optimizer (`tf.keras.optimizers.legacy.*`) applies its update
-    through TF's fused kernels, outside the per-variable lock, and its Adam
-    bias correction reads the global step. The current class of the same
-    name computes the same update, so it replaces it, with the same
-    settings (logged once per model); without a twin
-    (`current_optimizer_for` is None) the compile warning says so.
-
-    A model with TFRA's own layers (`de.keras.layers.Embedding`,
-    `SquashedEmbedding`) failed with 2 workers under TF alone, as in TFRA's
-    own parameter-server demo ("Cannot update variable with shape [63,32]
-    using a Tensor with shape [64,32]"): the workers shared the shadows
-    (made per worker by `tf_psx._tf.shadows`) and the update wrote rows back
-    as values outside any lock. Its optimizer is wrapped by TFRA if the user
-    left that out, and the table updates go through `tfra_apply_gradients_fn`.
-    tf_psx's own DynamicEmbedding is handled by its compile hook.
-    """
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or _tfra.wrapped_for_tables(optimizer):
-        return
-    tfra_layers = _tfra.model_has_tfra_layers(model) and not _tfra.model_has_dynamic_embedding(model)
-    bp_v2 = _tfra.bp_v2_of(optimizer)
-    if isinstance(optimizer, _tf_keras.keras().optimizers.legacy.Optimizer):
-        replacement = current_optimizer_for(optimizer)
-        if replacement is None:
-            if tfra_layers:
-                raise TFRAOptimizerError(
-                    f"Model {model.name} has TFRA layers and the legacy optimizer {type(optimizer).__qualname__}, "
-                    "which has no current tf.keras twin with these settings; its table updates cannot be made "
-                    f"exact under several async workers. Received: {optimizer.get_config()}. Fix: compile with a "
-                    "tf.keras.optimizers optimizer (wrapped in de.DynamicEmbeddingOptimizer as before).")
-            return
-        logger.info(
-            "Model %s: the legacy %s was replaced by tf.keras.optimizers.%s with the same settings, so that "
-            "every update is exact under several async workers.",
-            model.name, type(optimizer).__name__, type(replacement).__name__)
-        optimizer = replacement
-    if tfra_layers:
-        optimizer = wrap_tfra_optimizer(optimizer, bp_v2=bp_v2)
-    model.optimizer = optimizer
-
-
-def _after_compile(model) -> None:
-    """Adopts an exact optimizer under a strategy with exact updates, and warns when the result is not exact."""
-    if getattr(model.distribute_strategy, "exact_updates", False):
-        adopt_exact_optimizer(model)
-    reason = inexact_reason(getattr(model, "optimizer", None), model.distribute_strategy)
-    if reason:
-        logger.warning("Model %s: %s", model.name, reason)
-
-
-def install_compile_warning() -> None:
-    """Makes tf-keras `Model.compile` adopt an exact optimizer, and warn when it is not exact under the strategy."""
-    _door.install_compile_hook(_after_compile)

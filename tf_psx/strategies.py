@@ -18,7 +18,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_psx import _checks, _quiet, exact_updates as _exact_updates, partitioners as _partitioners, weights as _weights
+from tf_psx import _checks, _quiet, exact_compile as _exact_compile, exact_updates as _exact_updates
+from tf_psx import partitioners as _partitioners, weights as _weights
 from tf_psx import sync_training as _sync_training
 from tf_psx._tf import fit_inputs as _fit_inputs, keras as _tf_keras, runtime as _runtime
 from tf_psx._tf import distributed_table as _distributed_table, tfra as _tfra
@@ -305,7 +306,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         self.num_workers = len(resolver.cluster_spec().as_dict()["worker"])
         if exact_updates:
             _exact_updates.install()
-        _exact_updates.install_compile_warning()
+        _exact_compile.install_compile_warning()
         _weights_hook.install(_weights.convert, _weights.whole_values)
         # fit's and evaluate's input read by the coordinator, sent with each step (tf_psx._tf.fit_inputs).
         _fit_inputs.install()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 
-from tf_psx import exact_updates as _exact_updates
+from tf_psx import exact_compile as _exact_compile, exact_updates as _exact_updates
 from tf_psx._tf import exact_updates as _exact_door
 
 from conftest import run_script, script_results
@@ -105,7 +105,7 @@ def test_one_worker_never_warns(ps_strategy, caplog):
     with ps_strategy.scope():
         model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
         model.compile(tf.keras.optimizers.legacy.Adam(), "mse")
-    assert _exact_updates.inexact_reason(model.optimizer, ps_strategy) is None
+    assert _exact_compile.inexact_reason(model.optimizer, ps_strategy) is None
     assert ps_strategy.exact_updates is True
 
 

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import tf_psx
-from tf_psx import exact_updates as _exact_updates
+from tf_psx import exact_compile as _exact_compile
 
 from conftest import run_script
 from test_exact_epochs import _assert_exact, _results
@@ -32,11 +32,11 @@ def _result(*args: str) -> dict:
 @pytest.mark.unit
 def test_a_legacy_optimizer_has_a_current_twin_with_its_settings():
     legacy = tf.keras.optimizers.legacy.Adam(0.003, beta_1=0.8, epsilon=1e-5)
-    current = _exact_updates.current_optimizer_for(legacy)
+    current = _exact_compile.current_optimizer_for(legacy)
     assert type(current) is tf.keras.optimizers.Adam
     assert float(current.learning_rate) == pytest.approx(0.003) and current.beta_1 == 0.8 and current.epsilon == 1e-5
     # A setting the current class does not have: no twin.
-    assert _exact_updates.current_optimizer_for(tf.keras.optimizers.legacy.Adam(0.01, decay=0.1)) is None
+    assert _exact_compile.current_optimizer_for(tf.keras.optimizers.legacy.Adam(0.01, decay=0.1)) is None
 
 
 def test_tfra_demo_runs_with_two_workers_and_trains_exactly_the_batches_it_read():
