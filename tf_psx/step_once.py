@@ -305,6 +305,33 @@ def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, who
         return tf.cond(tf.equal(held[0], token), twin, first)
 
 
+def save_journal(owner, key: str, variable_scope, writes, rows=None):
+    """Saves the rows of `writes` that an update at `rows` (None: all of them) will write into `key`'s journal.
+
+    For an update that is not a `once` of its own but one part of a larger
+    transaction under a lock the caller holds (a sync arrival's adds,
+    tf_psx.sync_training): the caller marks its transaction pending after
+    this, and whoever finds the mark restores with `restore_journal`. The
+    journal is made on first use in `variable_scope()`; a journal made for
+    rows saves nothing when given `rows=None` (restoring it then returns
+    False). Returns the op.
+    """
+    journal = _journal(owner, key, "journal", variable_scope, writes, (), rows)
+    indices, _ = journal
+    if indices is not None and rows is None:
+        capacity = int(indices.shape[0]) - 1
+        return indices.scatter_update(tf.IndexedSlices(tf.constant([-1], tf.int64), [capacity])).op
+    return _save(journal, writes, (), rows)
+
+
+def restore_journal(owner, key: str, writes):
+    """Writes back what `save_journal` saved for `key`: True, or False when nothing was saved (a bool tensor)."""
+    journal = owner.__dict__.get(_JOURNALS_ATTR, {}).get((key, "journal"))
+    if journal is None:
+        return tf.constant(False)
+    return _restore(journal, writes, ())
+
+
 def _static_rows(rows):
     """The row count of a rank-1 `rows` when known at trace time, else None."""
     return rows.shape[0] if rows.shape.rank == 1 else None

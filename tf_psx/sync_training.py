@@ -45,12 +45,21 @@ steps applied so far.
   the version it claimed, and the step that arrived last. A re-run whose
   twin arrived applies nothing (`TWIN`); one whose twin claimed a slot of
   the current version and never arrived takes that slot over (no wait for
-  the timeout). Each accumulator's add runs through `tf_psx.step_once`
-  (its own ring and journal), so an arrival cut off midway, after some adds
-  and before the header's write, adds each gradient once when it is run
-  again, and the version's apply carries the version as its token. A
-  gradient is then summed once, and a version applied once, whatever the
-  point at which a worker was killed (tests/scripts/exact_crash.py --sync).
+  the timeout). An arrival is one transaction under the lock: the rows
+  its adds write are saved in journals beside the accumulators
+  (`tf_psx.step_once.save_journal`), the header is marked pending, the
+  adds run, and one scatter of the header commits it (the count of
+  arrivals, the token's ring slot, the mark cleared). The next arrival
+  or flush that finds the mark (an arrival cut off midway) writes the
+  journals back first (claims write no accumulator), so a cut arrival's gradient is in no version's
+  sums, and its re-run adds all of it to the version it then claims, even
+  when the first attempt's slot was reassigned and its version completed
+  without it. The R-th arrival's commit seals the version; a seal whose
+  apply was cut off grants no new slot until an arrival, the re-run twin
+  or a flush finishes it, the apply carrying the version as its token so
+  no variable applies it twice. A gradient is then summed once, and a
+  version applied once, whatever the point at which a worker was killed
+  (tests/scripts/exact_crash.py --sync).
 * **Flush.** `SyncController.flush` applies a partial step (fewer than R
   arrivals) once nothing is in flight: at the end of `fit`, before a
   snapshot and when switching mode, so every batch is applied exactly once.
@@ -82,8 +91,8 @@ from tf_psx.errors import SyncStepError
 
 # Indices into the state vector's header.
 (_F_ENABLED, _F_VERSION, _F_TAKEN, _F_ARRIVED, _F_DROPPED, _F_REASSIGNED, _F_STARTED, _F_BATCHES, _F_STEPS,
- _F_REUSED, _F_TWINS) = range(11)
-_HEADER = 11
+ _F_REUSED, _F_TWINS, _F_PENDING, _F_ROLLED_BACK, _F_UNSURE, _F_REASSIGNED_NOW) = range(15)
+_HEADER = 15
 # Past the header, three rings of step tokens (slot: token % RING): the token
 # of the step that claimed last in that slot, the version it claimed, and the
 # token of the step that arrived last in that slot (see "A step run again").
@@ -94,6 +103,9 @@ _STATE_SIZE = _HEADER + 3 * _RING
 ASYNC = -1
 _WAIT = -2
 TWIN = -3  # the step's twin (an earlier attempt of it) already arrived: nothing to apply
+# A version sealed and not applied (its R-th arrival's worker died in the apply): the step finishes that
+# version at its arrival, then adds its gradient to the version current then (`SyncController._arrive`).
+FINISH = -4
 # Seconds between two tries of a step that waits for a slot.
 POLL_S = 0.002
 STATE_DEVICE = "/job:ps/replica:0/task:0/device:CPU:0"
@@ -139,6 +151,15 @@ def _write(state, header, token=None, held=None):
 
 def _set(vector, index: int, value):
     return tf.tensor_scatter_nd_update(vector, [[index]], tf.reshape(tf.cast(value, vector.dtype), [1]))
+
+
+def _journal_key(accumulator) -> str:
+    return f"sync_sum_{id(accumulator)}"
+
+
+def _rows(gradient):
+    """The rows an add of `gradient` writes (an `IndexedSlices`' indices), or None: all of them."""
+    return tf.cast(gradient.indices, tf.int64) if isinstance(gradient, tf.IndexedSlices) else None
 
 
 class _DenseAccumulator:
@@ -327,14 +348,24 @@ class SyncController:
             # A twin of this step arrived: its gradient is in; this attempt applies nothing.
             twin = _arrived(held, token)
             # A twin claimed a slot of the current version and never arrived (its worker died): this attempt takes it.
-            reuse = enabled & ~twin & tf.equal(held[0], mine) & tf.equal(held[1], s[_F_VERSION])
+            # Not once a slot of this version was reassigned: it may have been this one (its reassigned
+            # holder's gradient would then be late, and dropped).
+            reuse = (enabled & ~twin & tf.equal(held[0], mine) & tf.equal(held[1], s[_F_VERSION])
+                     & tf.equal(s[_F_REASSIGNED_NOW], 0))
+        # A version whose R gradients arrived and whose apply was cut off (the lock is held from the R-th
+        # arrival to the header's next write, so a claim sees it only after a cut): the step is to finish it.
+        sealed = s[_F_ARRIVED] >= self.replicas_to_aggregate
+        reuse = reuse & ~sealed
         fresh = enabled & ~twin & ~reuse
+        finish = fresh & sealed
+        fresh = fresh & ~sealed
         free = s[_F_TAKEN] < self.num_workers
         expired = now - s[_F_STARTED] > self.timeout_s
         claimed = reuse | (fresh & (free | expired))
         reassigned = fresh & ~free & expired
         new = _set(s, _F_TAKEN, s[_F_TAKEN] + tf.cast(fresh & free, tf.float64))
         new = _set(new, _F_REASSIGNED, s[_F_REASSIGNED] + tf.cast(reassigned, tf.float64))
+        new = _set(new, _F_REASSIGNED_NOW, s[_F_REASSIGNED_NOW] + tf.cast(reassigned, tf.float64))
         new = _set(new, _F_REUSED, s[_F_REUSED] + tf.cast(reuse, tf.float64))
         new = _set(new, _F_TWINS, s[_F_TWINS] + tf.cast(twin, tf.float64))
         restart = fresh & claimed & (tf.equal(s[_F_TAKEN], 0) | reassigned)
@@ -343,8 +374,8 @@ class SyncController:
             held = tf.stack([tf.where(claimed, mine, held[0]), tf.where(claimed, s[_F_VERSION], held[1]), held[2]])
         with tf.control_dependencies([_write(self.state, new, token, held)]):
             version = tf.cast(s[_F_VERSION], tf.int64)
-            return tf.where(twin, tf.constant(TWIN, tf.int64), tf.where(
-                enabled, tf.where(claimed, version, tf.constant(_WAIT, tf.int64)), tf.constant(ASYNC, tf.int64)))
+            return tf.where(twin, tf.constant(TWIN, tf.int64), tf.where(finish, tf.constant(FINISH, tf.int64), tf.where(
+                enabled, tf.where(claimed, version, tf.constant(_WAIT, tf.int64)), tf.constant(ASYNC, tf.int64))))
 
     def _locked(self, fn):
         """`fn` under the sync lock. The release stays in TF's program-order
@@ -355,17 +386,18 @@ class SyncController:
     def claim(self, token=None):
         """A slot of the current version (>= 0), `ASYNC` or `TWIN` (for the step of `token`, an int64 tensor or
         None); waits, bounded, while every slot is taken."""
-        max_polls = int(3 * self.timeout_s / POLL_S) + 1
         first = self._locked(lambda: self._try_claim(token))
+        # Bounded by time, not by a count of polls: a poll on a loaded machine takes longer than POLL_S.
+        deadline = tf.timestamp() + 3 * self.timeout_s
 
-        def waiting(version, polls):
-            return tf.equal(version, _WAIT) & (polls < max_polls)
+        def waiting(version):
+            return tf.equal(version, _WAIT) & (tf.timestamp() < deadline)
 
-        def poll(version, polls):  # pylint: disable=unused-argument
+        def poll(version):  # pylint: disable=unused-argument
             with tf.control_dependencies([_door.sleep(POLL_S)]):
-                return self._locked(lambda: self._try_claim(token)), polls + 1
+                return self._locked(lambda: self._try_claim(token))
 
-        version, _ = tf.while_loop(waiting, poll, [first, tf.constant(0)])
+        version = tf.while_loop(waiting, poll, [first])
         check = tf.debugging.assert_none_equal(
             version, tf.constant(_WAIT, tf.int64),
             message=(f"tf_psx sync: a step waited {3 * self.timeout_s:.0f} s for a slot of a sync step whose "
@@ -412,8 +444,9 @@ class SyncController:
     def apply_gradients_fn(self, optimizer, original):
         """A `_distributed_apply_gradients_fn` for a step traced after its claim (`wrap_step`).
 
-        It accumulates when the claim is a version (sync) and applies
-        through `original` when it is `ASYNC`.
+        It accumulates when the claim is a version (sync), applies through
+        `original` when it is `ASYNC`, and when it is `TWIN` only finishes
+        a version its twin sealed (`_arrive`).
         """
 
         def apply_gradients_fn(distribution, grads_and_vars, **kwargs):
@@ -422,73 +455,126 @@ class SyncController:
             accumulators = [self._accumulator(optimizer, g, v) for g, v in grads_and_vars]
             applier = _Applier(optimizer, lambda d, gv: original(d, gv, **kwargs), distribution, accumulators)
             self._applier = applier
-
+            gradients = [gradient for gradient, _ in grads_and_vars]
             token = _step_token(_tokens.current())
 
-            def arrive():
-                s, held = _read(self.state, token)
-                current = tf.equal(tf.cast(s[_F_VERSION], tf.int64), version)
-                # The arrival's token is recorded by the same scatter as the header it changes.
-                arrived_held = None if token is None else tf.stack([held[0], held[1], tf.cast(token, tf.float64)])
-
-                def accept():
-                    adds = [self._add(acc, gradient) for acc, (gradient, _) in zip(accumulators, grads_and_vars)]
-                    with tf.control_dependencies(adds):
-                        arrived = s[_F_ARRIVED] + 1
-                        return tf.cond(arrived >= self.replicas_to_aggregate,
-                                       lambda: self._complete(s, arrived, applier, token=token, held=arrived_held),
-                                       lambda: _write(self.state, _set(s, _F_ARRIVED, arrived), token, arrived_held))
-
-                def reject():
-                    return _write(self.state, _set(s, _F_DROPPED, s[_F_DROPPED] + 1), token, arrived_held)
-
-                def skip():  # a twin arrived since this attempt's claim
-                    return _write(self.state, _set(s, _F_TWINS, s[_F_TWINS] + 1))
-
-                if token is None:
-                    new = tf.cond(current, accept, reject)
-                else:
-                    new = tf.cond(_arrived(held, token), skip, lambda: tf.cond(current, accept, reject))
-                return tf.cast(new[_F_VERSION], tf.int64)
-
             def synchronous():
-                return self._locked(arrive)
+                return self._locked(lambda: self._arrive(version, token, applier, gradients))
 
             def asynchronous():
                 with tf.control_dependencies([original(distribution, grads_and_vars, **kwargs)]):
                     return tf.constant(ASYNC, tf.int64)
 
-            def twin():  # counted at the claim; the twin's gradient is already in
-                return tf.constant(TWIN, tf.int64)
-
-            return tf.cond(version >= 0, synchronous,
-                           lambda: tf.cond(tf.equal(version, ASYNC), asynchronous, twin))
+            return tf.cond(tf.equal(version, ASYNC), asynchronous, synchronous)
 
         return apply_gradients_fn
 
-    def _add(self, accumulator, gradient):
-        """Adds `gradient` to `accumulator` once per step token (tf_psx.step_once: its ring and journal)."""
-        rows = tf.cast(gradient.indices, tf.int64) if isinstance(gradient, tf.IndexedSlices) else None
+    def _arrive(self, version, token, applier, gradients):
+        """Under the sync lock: adds this step's gradients to the current version; returns the version after.
 
-        def add():
-            with tf.control_dependencies([accumulator.add(gradient)]):
-                return tf.constant(0, tf.int64)
+        An arrival is one transaction, committed by the header's write (the
+        arrival count and the token's ring slot, one scatter): the adds'
+        rows are saved in journals beside the accumulators (tf_psx.step_once.
+        save_journal) and the header marked pending first, so an arrival
+        cut off between the mark and the commit is rolled back by the next
+        holder of the lock (`_recover`) and its gradient is in no version's
+        sums: its re-run adds all of it, to whichever version it then claims.
+        The R-th arrival's commit seals the version (its R gradients are
+        fixed); its apply and clears follow, and the header's next write
+        starts the next version. A seal whose apply was cut off is finished
+        by the next arrival: a step that claimed while it was sealed
+        (`FINISH`: it finishes it, then adds its own gradient to the version
+        current then), the re-run twin (`TWIN`) or a flush. The apply carries
+        the version as its token, so no variable applies it twice. One
+        apply site: an arrival never completes two versions (with R = 1, a
+        `FINISH` step's own version is left sealed for the next arrival).
+        """
+        set_id = self._accumulator_set(applier.accumulators)
+        s, held = _read(self.state, token)
+        s = self._recover(s)
+        arrived_before = tf.constant(False) if token is None else _arrived(held, token)
+        sealed = s[_F_ARRIVED] >= self.replicas_to_aggregate
+        claimed = version >= 0
+        # A step that claimed a slot of the current version.
+        normal = claimed & ~arrived_before & tf.equal(tf.cast(s[_F_VERSION], tf.int64), version) & ~sealed
+        # A step that claimed while a version was sealed: its gradient goes to the version current after the
+        # seal is finished (now, when nothing is sealed; else after the apply below).
+        carried = tf.equal(version, FINISH) & ~arrived_before
+        late = claimed & ~normal & ~arrived_before  # its version was applied without it, or sealed
 
-        return _step_once.once(self, f"sync_sum_{id(accumulator)}", accumulator.scope, add,
-                               lambda: tf.constant(0, tf.int64), writes=accumulator.writes, rows=rows)
+        def arrival(header, taken):
+            """Adds the gradients and commits: the header with one more arrival (and `taken` more slots)."""
+            saves = [_step_once.save_journal(self, _journal_key(acc), acc.scope, acc.writes, _rows(gradient))
+                     for acc, gradient in zip(applier.accumulators, gradients) if acc.writes]
+            with tf.control_dependencies(saves):
+                marked = _write(self.state, _set(header, _F_PENDING, set_id))
+            with tf.control_dependencies([marked]):
+                adds = [acc.add(gradient) for acc, gradient in zip(applier.accumulators, gradients)]
+            with tf.control_dependencies(adds):
+                new = _set(header, _F_ARRIVED, header[_F_ARRIVED] + 1)
+                new = _set(new, _F_TAKEN, header[_F_TAKEN] + taken)
+                new = _set(new, _F_PENDING, 0)
+                # The commit: the arrival's token is recorded by the same scatter as the count it changes.
+                ring = None if token is None else tf.stack([held[0], held[1], tf.cast(token, tf.float64)])
+                return _write(self.state, new, token, ring)
 
-    def _complete(self, s, arrived, applier, enable=None, token=None, held=None):
+        counted = _set(s, _F_DROPPED, s[_F_DROPPED] + tf.cast(late, tf.float64))
+        counted = _set(counted, _F_TWINS, s[_F_TWINS] + tf.cast(claimed & arrived_before, tf.float64))
+        first = tf.cond(normal | (carried & ~sealed), lambda: arrival(counted, tf.cast(carried, tf.float64)),
+                        lambda: _write(self.state, counted))
+        applied = tf.cond(first[_F_ARRIVED] >= self.replicas_to_aggregate,
+                          lambda: self._complete(first, first[_F_ARRIVED], applier), lambda: tf.identity(first))
+        after = tf.cond(carried & sealed, lambda: arrival(applied, 1.0), lambda: tf.identity(applied))
+        return tf.cast(after[_F_VERSION], tf.int64)
+
+    def _accumulator_set(self, accumulators) -> int:
+        """The number (>= 1) a pending mark names `accumulators` by: what a roll-back restores."""
+        key = tuple(id(accumulator) for accumulator in accumulators)
+        sets = self.__dict__.setdefault("_accumulator_sets", {})
+        if key not in sets:
+            sets[key] = (len(sets) + 1, list(accumulators))
+        return sets[key][0]
+
+    def _recover(self, s):
+        """Under the lock: rolls back an arrival cut off between its pending mark and its commit; returns the header.
+
+        Its accumulators go back to their journals (nothing else wrote them
+        since: the lock was held). A hash table's sums keep no journal: such
+        a roll-back is counted "unsure" (the cut arrival's adds stay, and its
+        re-run adds again).
+        """
+        sets = list(self.__dict__.get("_accumulator_sets", {}).values())
+
+        def restore():
+            restored = tf.constant(False)
+            for number, accumulators in sets:
+                def restore_set(accumulators=accumulators):
+                    results = [_step_once.restore_journal(self, _journal_key(acc), acc.writes)
+                               if acc.writes else tf.constant(False) for acc in accumulators]
+                    return tf.reduce_all(tf.stack(results)) if results else tf.constant(True)
+                restored = tf.cond(tf.equal(s[_F_PENDING], number), restore_set,
+                                   lambda restored=restored: tf.identity(restored))
+            fixed = tf.cast(restored, tf.float64)
+            new = _set(s, _F_PENDING, 0)
+            new = _set(new, _F_ROLLED_BACK, s[_F_ROLLED_BACK] + fixed)
+            new = _set(new, _F_UNSURE, s[_F_UNSURE] + 1 - fixed)
+            return _write(self.state, new)
+
+        return tf.cond(s[_F_PENDING] > 0, restore, lambda: tf.identity(s))
+
+    def _complete(self, s, arrived, applier, enable=None):
         """Applies `arrived` gradients and starts the next version; returns the new header."""
         with tf.control_dependencies([applier.apply(arrived, tf.cast(s[_F_VERSION], tf.int64))]):
             new = _set(s, _F_VERSION, s[_F_VERSION] + 1)
             new = _set(new, _F_TAKEN, 0)
             new = _set(new, _F_ARRIVED, 0)
+            new = _set(new, _F_REASSIGNED_NOW, 0)
             new = _set(new, _F_STARTED, tf.cast(tf.timestamp(), tf.float64))
             new = _set(new, _F_BATCHES, s[_F_BATCHES] + arrived)
             new = _set(new, _F_STEPS, s[_F_STEPS] + 1)
             if enable is not None:
                 new = _set(new, _F_ENABLED, enable)
-            return _write(self.state, new, token, held)
+            return _write(self.state, new)
 
     # --- from the coordinator ---------------------------------------------
 
@@ -499,7 +585,6 @@ class SyncController:
         """The state as numbers: enabled, version, arrived, dropped, reassigned, applied batches and steps,
         and what the step tokens caught of steps run again (module docstring)."""
         s = self._header()
-        rerun = _step_once.counts(self)
         return {
             "enabled": bool(s[_F_ENABLED]),
             "version": int(s[_F_VERSION]),
@@ -510,9 +595,8 @@ class SyncController:
             "applied_steps": int(s[_F_STEPS]),
             "claims_taken_over": int(s[_F_REUSED]),
             "twins_skipped": int(s[_F_TWINS]),
-            "adds_skipped": rerun["skipped"],
-            "adds_rolled_back": rerun["rolled_back"],
-            "adds_unsure": rerun["unsure"],
+            "adds_rolled_back": int(s[_F_ROLLED_BACK]),
+            "adds_unsure": int(s[_F_UNSURE]),
         }
 
     def flush(self, enable: bool | None = None) -> None:
@@ -525,7 +609,7 @@ class SyncController:
         coordinator.join()
         applier = self._applier
         s = self._header()
-        if applier is None or s[_F_ARRIVED] == 0:
+        if applier is None or (s[_F_ARRIVED] == 0 and s[_F_PENDING] == 0):
             if enable is not None:
                 s[_F_ENABLED] = 1.0 if enable else 0.0
                 s[_F_TAKEN] = 0.0
@@ -544,6 +628,7 @@ class SyncController:
 
         def locked(flag):
             s, _ = _read(controller.state)
+            s = controller._recover(s)  # pylint: disable=protected-access  (tf_psx's own class)
             enable = tf.where(flag < 0, s[_F_ENABLED], flag)
             return tf.cond(s[_F_ARRIVED] > 0,
                            lambda: controller._complete(s, s[_F_ARRIVED], applier, enable),  # pylint: disable=protected-access  (tf_psx's own class)

@@ -135,6 +135,7 @@ def test_worker_kills_in_sync_mode_apply_every_example_exactly_once():
     sync = result["sync"]
     assert sync["applied_batches"] == result["steps"] and sync["dropped"] == 0, result
     assert result["iterations"] == sync["applied_steps"] == result["steps"] // 2, result
-    # Not asserted: the dense offsets' steps (`offset_steps`). In sync mode a kill can leave a dense
-    # variable's step applied with part of its mean (docs/guides/sync.md, "Backup workers and failures").
+    # The dense offsets, which every batch updates: every sync step once, with the mean of its gradients
+    # (an arrival cut off after some adds is rolled back, docs/guides/sync.md).
+    assert result["offset_steps"] == {str(result["steps"] // 2): 8}, result
     assert sync["adds_unsure"] == 0, result

@@ -178,7 +178,7 @@ def test_a_snapshot_taken_in_sync_mode_resumes_in_async_mode(local_cluster, tmp_
 def _token_step(strategy, weight, optimizer, fail_at: str):
     """A sync step of `sum(weight)` under SGD that carries a step token, as fit's fed steps do.
 
-    `fail_at` ("claim" or "arrival") makes the step fail there when its
+    `fail_at` ("claim", "arrival" or "none") makes the step fail there when its
     `fail` argument is True: the first attempt of a step whose worker died
     at that point. Scheduling the same token again is its re-run.
     """
@@ -236,6 +236,60 @@ def test_a_rerun_sync_step_takes_its_twins_slot_or_applies_nothing(local_cluster
         assert stats["claims_taken_over"] == 1 and stats["twins_skipped"] == 0, stats
     else:
         assert stats["twins_skipped"] == 1 and stats["claims_taken_over"] == 0, str(stats)
+
+
+@pytest.mark.cluster
+def test_an_arrival_cut_off_midway_counts_its_gradient_once(local_cluster, monkeypatch):
+    # Two cuts of a sync arrival, as a worker killed there leaves them.
+    # 1. Between the gradient's adds and the arrival's commit, then another
+    #    step takes the slot after sync_timeout_s and completes the version:
+    #    the cut adds must not be in that version (its mean would be of two
+    #    gradients over a count of one), and the re-run adds all of its
+    #    gradient to the next version.
+    # 2. After the version was sealed and applied, before the header moved
+    #    on: the next step finishes that version at its arrival (applying
+    #    nothing again) and adds its own gradient to the next version, which
+    #    the re-run (a twin) then applies.
+    from tf_psx import sync_training  # pylint: disable=import-outside-toplevel
+
+    strategy = tf_psx.ParameterServerStrategy(local_cluster, sync=True, sync_timeout_s=2)
+    with strategy.scope():
+        weight = tf.Variable(tf.zeros([3]))
+        optimizer = tf.keras.optimizers.SGD(0.5)
+        die_after_adds = tf.Variable(False, trainable=False)
+        die_after_apply = tf.Variable(False, trainable=False)
+    real_add, real_apply = sync_training._DenseAccumulator.add, sync_training._Applier.apply  # pylint: disable=protected-access
+
+    def add_then_maybe_die(accumulator, gradient):
+        with tf.control_dependencies([real_add(accumulator, gradient)]):
+            return tf.debugging.assert_equal(die_after_adds.read_value(), False, message="died after its adds")
+
+    def apply_then_maybe_die(applier, count, version):
+        with tf.control_dependencies([real_apply(applier, count, version)]):
+            return tf.debugging.assert_equal(die_after_apply.read_value(), False, message="died after the apply")
+
+    monkeypatch.setattr(sync_training._DenseAccumulator, "add", add_then_maybe_die)  # pylint: disable=protected-access
+    monkeypatch.setattr(sync_training._Applier, "apply", apply_then_maybe_die)  # pylint: disable=protected-access
+    run = _token_step(strategy, weight, optimizer, fail_at="none")
+    run(1)
+    for flag, message in [(die_after_adds, "died after its adds"), (die_after_apply, "died after the apply")]:
+        flag.assign(True)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            run(2 if flag is die_after_adds else 4)
+        flag.assign(False)
+        if flag is die_after_adds:
+            run(3)  # waits sync_timeout_s for step 2's slot, then completes the version without it
+            run(2)  # the re-run
+        else:
+            run(5)  # finishes step 4's version; with R = 1 its own is left sealed
+            run(4)  # the re-run: its twin arrived; it finishes step 5's version
+    # Steps 1 to 5 applied once each, one gradient per version: 5 steps of -0.5 on every entry.
+    np.testing.assert_allclose(weight.numpy(), [-2.5] * 3)
+    assert int(optimizer.iterations.numpy()) == 5
+    stats = strategy.sync_stats()
+    assert stats["applied_steps"] == stats["applied_batches"] == 5, stats
+    assert stats["reassigned"] == 1 and stats["adds_rolled_back"] == 1 and stats["adds_unsure"] == 0, stats
+    assert stats["twins_skipped"] == 1 and stats["dropped"] == 0, stats
 
 
 @pytest.mark.cluster
