@@ -219,6 +219,38 @@ def test_a_batch_level_callback_runs_and_sees_every_step(ps_strategy, caplog):
     assert "Batch-level callbacks ['Losses'] read every step's logs" in caplog.text
 
 
+def test_fit_keeps_a_few_steps_queued_ahead_of_the_workers_not_the_epoch(ps_strategy, monkeypatch):
+    # A worker slower than the coordinator's reading (a sleep in its step).
+    # Without a bound, TF's queue (262,144 closures) took each step with its
+    # batches as fast as the coordinator read them: measured, 345 steps
+    # queued after 20 s of an epoch of arrays, and a barrier (a snapshot)
+    # then waited for all of them.
+    from tf_psx._tf import fed_steps, sync_training as door  # pylint: disable=import-outside-toplevel
+
+    queue = ps_strategy.coordinator._cluster.closure_queue  # pylint: disable=protected-access
+    depths = []
+    real_put = queue.put
+
+    def put(closure, tag=None):
+        real_put(closure, tag=tag)
+        depths.append(queue._queue.qsize())  # pylint: disable=protected-access
+
+    monkeypatch.setattr(queue, "put", put)
+    with ps_strategy.scope():
+        model = tf.keras.Sequential([
+            tf.keras.Input((1,)),
+            tf.keras.layers.Lambda(lambda x: x + 0.0 * tf.cast(door.sleep(0.05), x.dtype)),
+            tf.keras.layers.Dense(1)])
+        model.compile(tf.keras.optimizers.SGD(0.01), "mse")
+    steps = 40
+    x = np.ones((steps * 4, 1), np.float32)
+    history = model.fit(x, x[:, 0], batch_size=4, epochs=1, verbose=0)
+    assert len(history.history["loss"]) == 1 and int(model.optimizer.iterations.numpy()) == steps
+    assert len(depths) == steps, depths
+    # 1 worker: MIN_AHEAD closures at most wait in the queue when the next is put.
+    assert max(depths) <= fed_steps.MIN_AHEAD, depths
+
+
 @pytest.mark.unit
 def test_batches_packed_by_the_pipeline_come_back_whole():
     # fit's input pipeline packs each batch into one vector per dtype

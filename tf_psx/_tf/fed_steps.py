@@ -31,6 +31,12 @@ from tf_psx._tf.keras import wrapped_like
 
 # Layouts kept per input (one per batch shape seen: the full batches and a short last one).
 MAX_LAYOUTS = 64
+# Fed steps kept queued ahead of the workers, per worker (at least MIN_AHEAD): enough that a worker that
+# finishes a step finds the next one queued, few enough that the batches in the queue stay a few steps'
+# worth (TF's queue holds 262,144 closures, so an epoch read faster than it trains was held in memory whole)
+# and a barrier (`coordinator.join()`: a snapshot, the end of an epoch) waits for a few steps, not a backlog.
+AHEAD_PER_WORKER = 2
+MIN_AHEAD = 4
 
 
 class FedIterator:
@@ -284,9 +290,34 @@ def _groups(batches: list, layouts: dict) -> list[tuple]:
     return groups
 
 
+def wait_for_room(coordinator) -> None:
+    """Returns once fewer than `ahead` closures are queued (not yet taken by a worker), or the queue failed or stopped.
+
+    Woken by every closure a worker takes (TF's queue notifies its free-slot
+    condition then). It waits as long as `coordinator.join()` would for the
+    same closures, and no longer: a failed closure (the queue's error)
+    returns at once, and the `schedule` that follows raises it. A worker
+    that stops taking closures is reported by the stall doctor
+    (tf_psx.stalls) and, in sync mode, failed by the sync watchdog, as a
+    `join()` is.
+    """
+    queue = coordinator._cluster.closure_queue  # pylint: disable=protected-access
+    ahead = max(MIN_AHEAD, AHEAD_PER_WORKER * len(coordinator._cluster.workers))  # pylint: disable=protected-access
+
+    def room() -> bool:
+        return (queue._queue.qsize() < ahead or queue._error is not None  # pylint: disable=protected-access
+                or not queue._should_process_closures)  # pylint: disable=protected-access
+
+    with queue._queue_lock:  # pylint: disable=protected-access
+        while not room():
+            # A timeout only re-checks: a notify meant for TF's own `put` (a full queue) is not lost to it.
+            queue._queue_free_slot_condition.wait(timeout=1.0)  # pylint: disable=protected-access
+
+
 def _schedule_fed(coordinator, schedule, fn, fed: FedIterator, rest: tuple):
     """Reads the step's batches and schedules `fn` with them; returns the last step's RemoteValue."""
     count = int(rest[0]) if rest else 1  # tf-keras passes steps_per_execution when it is not 1
+    wait_for_room(coordinator)
     result = None
     for layout, group in _groups(fed.take(count), fed.layouts):
         if layout is None:
