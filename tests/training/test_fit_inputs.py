@@ -249,6 +249,13 @@ def test_fit_keeps_a_few_steps_queued_ahead_of_the_workers_not_the_epoch(ps_stra
     assert len(depths) == steps, depths
     # 1 worker: MIN_AHEAD closures at most wait in the queue when the next is put.
     assert max(depths) <= fed_steps.MIN_AHEAD, depths
+    # A DatasetCreator (each worker reads its own dataset; tf-keras schedules with a per-worker iterator).
+    depths.clear()
+    creator = tf.keras.utils.experimental.DatasetCreator(
+        lambda _: tf.data.Dataset.from_tensor_slices((x, x[:, 0])).repeat().batch(4))
+    model.fit(creator, epochs=1, steps_per_epoch=steps, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 2 * steps
+    assert len(depths) >= steps and max(depths) <= fed_steps.MIN_AHEAD, depths
 
 
 @pytest.mark.unit

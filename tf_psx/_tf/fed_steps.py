@@ -336,12 +336,28 @@ def _schedule_fed(coordinator, schedule, fn, fed: FedIterator, rest: tuple):
     return result
 
 
+def _keras_step_of_worker_data(fn, args) -> bool:
+    """Whether `fn` is tf-keras's train or test function given a per-worker iterator (fit of a `DatasetCreator`).
+
+    Only those wait for room: a custom loop's `schedule` keeps TF's
+    meaning (it returns at once; TF's fault-tolerance tests schedule while
+    a worker is down and restart it afterwards).
+    """
+    from tensorflow.python.distribute.coordinator import values  # pylint: disable=import-outside-toplevel,no-name-in-module
+
+    name = getattr(getattr(fn, "_python_function", None), "__name__", None)
+    return (name in ("train_function", "test_function") and bool(args)
+            and isinstance(args[0], values.PerWorkerDistributedIterator))
+
+
 def schedule_with_batches(original):
     """`ClusterCoordinator.schedule` that, given a `FedIterator` first, reads the step's batches and sends them with it."""
 
     def schedule(self, fn, args=None, kwargs=None):
         if args and isinstance(args[0], FedIterator) and not kwargs:
             return _schedule_fed(self, original, fn, args[0], tuple(args[1:]))
+        if _keras_step_of_worker_data(fn, args):
+            wait_for_room(self)  # fit or evaluate of a DatasetCreator: bounded ahead too
         return original(self, fn, args=args, kwargs=kwargs)
 
     return wrapped_like(schedule, original)
