@@ -74,22 +74,19 @@ SUMMARY = {
     "exact_fit": (
         "Does an exact `fit` epoch (every example once) cost speed against each worker reading its own part?",
         "exact arrays / per-worker, equal workers",
-        "Run of 2026-12-05 17:56 (5 rounds, 400 timed steps), with a step's dense updates made as one unit per "
-        "ps task: exact dataset 0.905 (0.86-0.94) missed; exact arrays 0.93 (0.89-1.05) and exact arrays with "
-        "one 3x straggler 0.92 (0.71-0.95) straddle their targets, not judged. Step tokens on / off 0.885 "
-        "(0.81-0.94); the ps tasks spend 15.0-18.9 CPU ms per step with tokens, 13.7-16.6 without. The run "
-        "of 16:51 (100 timed steps, in the history of this file) gave exact arrays 1.00 (0.91-1.34) and tokens "
-        "on / off 0.975 (0.95-0.99); at 14:05, with one ring per variable update (by the model's variables, 18 "
-        "units a step, now 4), tokens on / off was 0.78 (0.69-0.82) and the ps spent 19.7-23.7 ms. With 100 "
-        "timed steps (about 2.5 s) the per-worker path alone moved 16,133-22,001 examples/s between rounds, "
-        "with 400 18,522-21,826. Exact dataset is the slowest because the coordinator runs the user's "
-        "pipeline (from_tensor_slices of single examples, then batch): 8.0-9.0 CPU ms per step on the "
-        "coordinator against 4.7-5.7 for arrays, which tf_psx slices itself; readers on other hosts (a "
-        "tf.data service) take that off the coordinator. At steps_per_execution=10 (run of 15:02, kept; there "
-        "a step carries no token, so a crash re-run can count twice) exact dataset gave 0.97 (0.90-1.00), not "
-        "judged. The verbose, journal and tf.data service rows are kept from runs before the grouping. Over a "
-        "tf.data service on the same 2 cores the dispatcher and the data worker cost 50-55 CPU ms per step: "
-        "it pays only with readers on other hosts."),
+        "Run of 2026-12-05 22:57 (3 rounds, 400 timed steps), after fit (and a DatasetCreator fit, the "
+        "per-worker side) keeps at most max(4, 2 x workers) steps queued ahead: exact arrays 0.996 "
+        "(0.995-1.00) and exact arrays with one 3x straggler 0.976 (0.948-1.04) met; exact dataset 0.896 "
+        "(0.894-0.91) missed. Step tokens on / off 0.911 (0.87-0.95); the 2 ps tasks spend 15.7-15.9 CPU ms "
+        "per step with tokens, 13.3-14.5 without. The run of 17:56 (5 rounds, before the bound) gave exact "
+        "arrays 0.93 (0.89-1.05), straggler 0.92 (0.71-0.95), exact dataset 0.905 (0.86-0.94). Exact dataset "
+        "is the slowest because the coordinator runs the user's pipeline (from_tensor_slices of single "
+        "examples, then batch): 9.0-9.3 CPU ms per step on the coordinator against 5.2-5.3 for arrays, which "
+        "tf_psx slices itself; readers on other hosts (a tf.data service) take that off the coordinator. At "
+        "steps_per_execution=10 (run of 15:02, kept; there a step carries no token, so a crash re-run can "
+        "count twice) exact dataset gave 0.97 (0.90-1.00), not judged. The verbose, journal and tf.data "
+        "service rows are kept from earlier runs. Over a tf.data service on the same 2 cores the dispatcher "
+        "and the data worker cost 50-55 CPU ms per step: it pays only with readers on other hosts."),
     "overhead": (
         "Does tf_psx's strategy cost speed against raw TF on the same cluster?",
         "ratio tf_psx / raw TF", ""),
