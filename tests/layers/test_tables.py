@@ -238,9 +238,10 @@ def test_policy_under_the_cluster_with_fit_monitor_and_export(ps_strategy, tmp_p
     assert "tables/cluster_policy/rows_evicted" in monitor.last_values
     assert counts[:2].tolist() == [15, 15]
     # Pending counters (keys seen once) have a budget of max_rows too: the
-    # run at the end of fit dropped 4 of the 10.
+    # runs dropped 4 of the 10 (which run drops them depends on how far the
+    # steps got when it ran; a key is seen once, so none is dropped twice).
     assert layer.policy.tracked_keys() == 2 + 6
-    assert eviction.reports[-1].pending_dropped == 4
+    assert sum(report.pending_dropped for report in eviction.reports) == 4, eviction.reports
     exported = tf_psx.export_serving(model, str(tmp_path / "served"))
     served = tf.saved_model.load(exported)
     (out,) = served.serve(tf.constant([[0, 100]], tf.int64)).values()
