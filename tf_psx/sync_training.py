@@ -332,6 +332,8 @@ class SyncController:
             self.lock = tf.CriticalSection(shared_name=f"tf_psx_sync_lock_{next(_ids)}")
         self._claims = _door.StepClaims()
         self._accumulators: dict = {}
+        # (accumulator ids) -> (the number a pending mark names them by, the accumulators): `_accumulator_set`.
+        self._accumulator_sets: dict = {}
         self._applier: _Applier | None = None
         _Watchdog(self)
 
@@ -530,7 +532,7 @@ class SyncController:
     def _accumulator_set(self, accumulators) -> int:
         """The number (>= 1) a pending mark names `accumulators` by: what a roll-back restores."""
         key = tuple(id(accumulator) for accumulator in accumulators)
-        sets = self.__dict__.setdefault("_accumulator_sets", {})
+        sets = self._accumulator_sets
         if key not in sets:
             sets[key] = (len(sets) + 1, list(accumulators))
         return sets[key][0]
@@ -543,7 +545,7 @@ class SyncController:
         a roll-back is counted "unsure" (the cut arrival's adds stay, and its
         re-run adds again).
         """
-        sets = list(self.__dict__.get("_accumulator_sets", {}).values())
+        sets = list(self._accumulator_sets.values())
 
         def restore():
             restored = tf.constant(False)
