@@ -250,6 +250,58 @@ class Straggler:
 ROUNDS = 5
 # Timed windows per child (time_fit_cpu): the fastest window is the child's number.
 WINDOWS = 5
+# Timed windows per variant when variants share a process (time_fits_paired).
+PAIRED_WINDOWS = 12
+
+
+def time_fits_paired(fits: dict, warmup_steps: int, timed_steps: int, pids: dict, windows: int = PAIRED_WINDOWS) -> dict:
+    """{name: {"ms_per_step", "cpu_ms_per_step", "windows_ms"}}: variants in one process, their windows interleaved.
+
+    `fits` maps a name to (model, dataset_fn). Every model fits
+    `warmup_steps` (its trace), then window after window each model fits
+    `timed_steps` (the order reversed every window: A B, B A, ...). A
+    window is timed from its epoch's begin to its end (fit's own setup
+    left out). A variant's number is its fastest window, with the CPU ms
+    per step of `pids` over that window.
+
+    Why: windows of one fit moved by up to 4x within a second on this
+    machine (6.5 and 25.7 ms/step 0.7 s apart), and whole processes by 2x
+    (a run's rounds 4-5 were all ~2x slower than its rounds 1-2), so
+    variants timed in separate processes minutes apart compared machine
+    states, not variants. Adjacent windows of one process share them: the
+    ratio of the fastest windows of LazyAdam 2M / 10k rows came out 1.10
+    and 1.10 in two processes (built in either order), where separate
+    processes gave 0.90-1.34.
+    """
+    import time  # pylint: disable=import-outside-toplevel
+
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    marks: dict = {}
+
+    class _Window(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            marks["cpu"] = {name: _cpu_ms(pid) for name, pid in pids.items()}
+            marks["start"] = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            marks["ms"] = (time.perf_counter() - marks["start"]) * 1000 / timed_steps
+            marks["cpu"] = {name: (_cpu_ms(pid) - marks["cpu"][name]) / timed_steps for name, pid in pids.items()}
+
+    data = {name: tf.keras.utils.experimental.DatasetCreator(dataset_fn) for name, (_, dataset_fn) in fits.items()}
+    for name, (model, _) in fits.items():
+        model.fit(data[name], epochs=1, steps_per_epoch=warmup_steps, verbose=0)
+    measured: dict = {name: [] for name in fits}
+    names = list(fits)
+    for index in range(windows):
+        for name in names if index % 2 == 0 else names[::-1]:
+            fits[name][0].fit(data[name], epochs=1, steps_per_epoch=timed_steps, verbose=0, callbacks=[_Window()])
+            measured[name].append((marks["ms"], marks["cpu"]))
+    results = {}
+    for name, windows_of in measured.items():
+        ms, cpu = min(windows_of, key=lambda pair: pair[0])
+        results[name] = {"ms_per_step": ms, "cpu_ms_per_step": cpu, "windows_ms": [round(w[0], 3) for w in windows_of]}
+    return results
 
 
 def interleaved(script: str, variants: list[tuple], rounds: int = ROUNDS, timeout: float = CHILD_TIMEOUT_S,

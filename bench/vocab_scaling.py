@@ -2,18 +2,20 @@
 
 Setup (issue 3): LocalCluster with 1 worker and 2 ps (in-process), the
 embedding split fixed:2, batch 256 x 8 ids, dim 32, `model.fit` with
-steps_per_execution=1. The interleaved method of bench/_common.py: every
-(optimizer, rows) pair runs once per round in a fresh process, the order
-rotated each round; a round's ratio is its 2M run over its 10k run, reported
-as median and spread (min-max), judged only when the spread is on one side
-of the target. Target: ratio 2M / 10k <= 1.2 for every optimizer that
+steps_per_execution=1. Both sizes run in one process (one model each on
+one cluster), their timed windows interleaved (bench/_common.py
+time_fits_paired: a size's number is its fastest window); the process's
+ratio is 2M over 10k. A round runs every optimizer's process once, in a
+fresh process each, the order rotated and the size built first alternating
+from round to round; the ratios are reported as median and spread
+(min-max), judged only when the spread is on one side of the target. Target: ratio 2M / 10k <= 1.2 for every optimizer that
 tf_psx recommends for embeddings (tf_psx.optimizers.LazyAdam and SGD,
 tf-keras Adagrad). Stock tf-keras Adam and SGD are the baseline; a 2M-row
 step of theirs takes seconds, so they run only with `--with-stock` (one
 round), and otherwise their rows are kept from the last result file with
 that run's date.
 
-`python bench/vocab_scaling.py [--rounds N] [--with-stock] [--more]` (`--more`: N rounds added to the last result's).
+`python bench/vocab_scaling.py [--rounds N] [--with-stock]`.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 SMALL_ROWS, LARGE_ROWS = 10_000, 2_000_000
+ROUNDS = 4
 DIM, IDS_PER_EXAMPLE, BATCH = 32, 8, 256
 WARMUP_STEPS = 20
-TIMED_STEPS = 100  # per window; WINDOWS windows per child, the fastest counts
+TIMED_STEPS = 100  # per window; PAIRED_WINDOWS windows per size, the fastest counts
 TARGET = 1.2
 # name -> (recommended for embeddings, builder source evaluated in the child)
 OPTIMIZERS = {
@@ -41,18 +44,10 @@ OPTIMIZERS = {
 }
 
 
-def child(name: str, rows: str) -> None:
-    """Times fit on one (optimizer, rows) pair; prints {"ms_per_step": ...}."""
+def _model(tf, tf_psx, strategy, name: str, rows: int):
+    """The benchmark's model at `rows` rows, compiled with optimizer `name`, and its dataset_fn."""
     import numpy as np  # pylint: disable=import-outside-toplevel
 
-    import tf_psx  # pylint: disable=import-outside-toplevel
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    from _common import WINDOWS, time_fit_cpu  # pylint: disable=import-outside-toplevel
-
-    rows = int(rows)
-    cluster = tf_psx.LocalCluster(num_workers=1, num_ps=2).start()
-    strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2")
     with strategy.scope():
         inputs = tf.keras.Input((IDS_PER_EXAMPLE,), dtype=tf.int64)
         emb = tf.keras.layers.Embedding(rows, DIM)(inputs)
@@ -66,9 +61,35 @@ def child(name: str, rows: str) -> None:
     def dataset_fn(_):
         return tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH).prefetch(2)
 
-    ms, cpu, windows = time_fit_cpu(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, {"process": os.getpid()},
-                                    windows=WINDOWS)
-    print(json.dumps({"ms_per_step": ms, "cpu_ms_per_step": cpu["process"], "windows_ms": windows}), flush=True)
+    return model, dataset_fn
+
+
+def child(name: str, first: str) -> None:
+    """Times fit of both table sizes in one process, windows interleaved (`first`: the size built first).
+
+    A stock optimizer (whose 2M-row step takes seconds) times one size per
+    process instead: `first` is then "only:<rows>".
+    """
+    import tf_psx  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from _common import WINDOWS, time_fit_cpu, time_fits_paired  # pylint: disable=import-outside-toplevel
+
+    cluster = tf_psx.LocalCluster(num_workers=1, num_ps=2).start()
+    strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2")
+    pids = {"process": os.getpid()}
+    if first.startswith("only:"):
+        model, dataset_fn = _model(tf, tf_psx, strategy, name, int(first[len("only:"):]))
+        ms, cpu, windows = time_fit_cpu(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, pids, windows=WINDOWS)
+        print(json.dumps({"ms_per_step": ms, "cpu_ms_per_step": cpu["process"], "windows_ms": windows}), flush=True)
+        os._exit(0)  # pylint: disable=protected-access  (in-process servers cannot be stopped)
+    sizes = [SMALL_ROWS, LARGE_ROWS] if int(first) == SMALL_ROWS else [LARGE_ROWS, SMALL_ROWS]
+    fits = {str(rows): _model(tf, tf_psx, strategy, name, rows) for rows in sizes}
+    timed = time_fits_paired(fits, WARMUP_STEPS, TIMED_STEPS, pids)
+    out = {f"{key}_{rows}": (value["process"] if key == "cpu_ms_per_step" else value)
+           for rows, result in timed.items() for key, value in result.items()}
+    out["ratio"] = timed[str(LARGE_ROWS)]["ms_per_step"] / timed[str(SMALL_ROWS)]["ms_per_step"]
+    print(json.dumps(out), flush=True)
     os._exit(0)  # pylint: disable=protected-access  (in-process servers cannot be stopped)
 
 
@@ -76,46 +97,47 @@ def main() -> None:
     import argparse  # pylint: disable=import-outside-toplevel
 
     from _common import (  # pylint: disable=import-outside-toplevel
-        ROUNDS, interleaved, kept_rows, per_round, ratio_row, ratios, saved_runs, spread_text, write_result)
+        PAIRED_WINDOWS, interleaved, kept_rows, ratio_row, spread_text, write_result)
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--with-stock", action="store_true")
-    parser.add_argument("--more", action="store_true", help="add --rounds rounds to the last result's runs")
     args = parser.parse_args()
     recommended = [name for name, (yes, _) in OPTIMIZERS.items() if yes]
-    runs = interleaved(__file__, [(name, rows) for name in recommended for rows in (SMALL_ROWS, LARGE_ROWS)],
-                       args.rounds)
-    if args.more:
-        for key, earlier in saved_runs("vocab_scaling", 2).items():
-            runs[key] = earlier + runs[key]
-    args.rounds = len(runs[(recommended[0], SMALL_ROWS)])
+    # A round: every optimizer's process once; the size built first alternates from round to round.
+    runs = interleaved(__file__, [(name,) for name in recommended], args.rounds,
+                       round_args=lambda index: (SMALL_ROWS if index % 2 == 0 else LARGE_ROWS,))
     rows_out = []
     for name in recommended:
-        small, large = runs[(name, SMALL_ROWS)], runs[(name, LARGE_ROWS)]
-        row = ratio_row(f"{name}: ms/step 2M / 10k rows", ratios(large, small, "ms_per_step"), TARGET,
+        done = runs[(name,)]
+        row = ratio_row(f"{name}: ms/step 2M / 10k rows", [run["ratio"] for run in done], TARGET,
                         higher_is_better=False)
-        row["value"] += (f"; ms/step {spread_text(per_round(small, 'ms_per_step'))} -> "
-                         f"{spread_text(per_round(large, 'ms_per_step'))}; CPU ms/step "
-                         f"{spread_text(per_round(small, 'cpu_ms_per_step'))} -> "
-                         f"{spread_text(per_round(large, 'cpu_ms_per_step'))}")
+        row["value"] += "; ms/step " + "; ".join(
+            f"{rows // 1000}k {spread_text([run[f'ms_per_step_{rows}'] for run in done])}" for rows in (SMALL_ROWS, LARGE_ROWS))
+        row["value"] += "; CPU ms/step " + "; ".join(
+            f"{rows // 1000}k {spread_text([run[f'cpu_ms_per_step_{rows}'] for run in done])}"
+            for rows in (SMALL_ROWS, LARGE_ROWS))
         rows_out.append(row)
     stock = [name for name, (yes, _) in OPTIMIZERS.items() if not yes]
     if args.with_stock:
-        base = interleaved(__file__, [(name, rows) for name in stock for rows in (SMALL_ROWS, LARGE_ROWS)], 1)
+        base = interleaved(__file__, [(name, f"only:{rows}") for name in stock for rows in (SMALL_ROWS, LARGE_ROWS)], 1)
         for name in stock:
-            small, large = base[(name, SMALL_ROWS)][0]["ms_per_step"], base[(name, LARGE_ROWS)][0]["ms_per_step"]
+            small = base[(name, f"only:{SMALL_ROWS}")][0]["ms_per_step"]
+            large = base[(name, f"only:{LARGE_ROWS}")][0]["ms_per_step"]
             rows_out.append({"metric": f"{name}: ms/step 2M / 10k rows", "target": "baseline", "ok": None,
                              "value": f"{large / small:.1f}x ({small:.1f} -> {large:.1f} ms/step, one round)"})
     else:
         rows_out += kept_rows("vocab_scaling", rows_out)  # the stock baselines, with their run's date
     write_result(
         "vocab_scaling",
-        f"`model.fit` ms/step at {SMALL_ROWS} and {LARGE_ROWS} rows; {args.rounds} interleaved rounds of fresh "
-        f"processes, the ratio 2M / 10k per round, median and spread (min-max) (a child's ms/step: the median of "
-        f"5 windows of {TIMED_STEPS} steps after {WARMUP_STEPS} warm-up steps, steps_per_execution=1); in-process LocalCluster with 1 worker and 2 ps, "
-        f"Embedding split fixed:2, batch {BATCH} x {IDS_PER_EXAMPLE} ids, dim {DIM}, mean pooling + Dense(1). "
-        "CPU ms/step is the one process's (coordinator and in-process servers).",
+        f"`model.fit` ms/step at {SMALL_ROWS} and {LARGE_ROWS} rows, both sizes in one process (one model each on "
+        f"one cluster), their windows interleaved: {PAIRED_WINDOWS} windows of {TIMED_STEPS} steps each after "
+        f"{WARMUP_STEPS} warm-up steps, the order reversed every window, a size's number its fastest window "
+        f"(bench/_common.py time_fits_paired); the ratio 2M / 10k per process; {args.rounds} rounds of fresh "
+        "processes (the size built first alternating), median and spread (min-max); steps_per_execution=1; "
+        f"in-process LocalCluster with 1 worker and 2 ps, Embedding split fixed:2, batch {BATCH} x "
+        f"{IDS_PER_EXAMPLE} ids, dim {DIM}, mean pooling + Dense(1). CPU ms/step is the one process's "
+        "(coordinator and in-process servers), over the fastest window.",
         rows_out,
         extra={" ".join(map(str, key)): value for key, value in runs.items()},
     )
