@@ -9,8 +9,8 @@ only reaches into tf-keras, and runs what its caller passes in:
   `applies(optimizer, variable)`; the XLA path then runs unjitted (a mutex
   cannot be compiled). `_distributed_apply_gradients_fn`'s
   `self.iterations.assign_add(1)` runs `bump_iterations(optimizer)` when
-  that is not None (the step's token decides whether it counts), inside
-  `apply_context(optimizer)` when given.
+  that is not None (the step's token decides whether it counts); the apply
+  runs inside `apply_context(optimizer)` when given.
 * `install_compile_hook(after_compile)`: `Model.compile` calls
   `after_compile(model)` once the model is compiled.
 * what the protocol reads: `_iterations` (swapped for a per-variable counter),
@@ -69,8 +69,8 @@ def install(applies, locked_update, bump_iterations=None, apply_context=None, af
         what `_distributed_apply_gradients_fn`'s final
         `self.iterations.assign_add(1)` runs instead.
       apply_context: `apply_context(optimizer)`, a context manager that
-        `_distributed_apply_gradients_fn` runs in when `bump_iterations`
-        gave a function (the updates of one apply are made in it); it
+        `_distributed_apply_gradients_fn` runs in (the updates of one apply
+        are made in it), whatever `bump_iterations` gave; it
         yields a list of tensors, and `after_updates(result, that list)` is
         then what the function returns.
     """
@@ -103,10 +103,10 @@ def install(applies, locked_update, bump_iterations=None, apply_context=None, af
 
             def _distributed_apply_gradients_fn(self, distribution, grads_and_vars, **kwargs):
                 bump = bump_iterations(self)
-                if bump is None:
-                    return original_apply(self, distribution, grads_and_vars, **kwargs)
                 context = apply_context(self) if apply_context is not None else contextlib.nullcontext([])
-                with iterations_as(self, _CountedIterations(self.__dict__["_iterations"], bump)), context as outputs:
+                counted = (contextlib.nullcontext() if bump is None
+                           else iterations_as(self, _CountedIterations(self.__dict__["_iterations"], bump)))
+                with counted, context as outputs:
                     result = original_apply(self, distribution, grads_and_vars, **kwargs)
                 return after_updates(result, outputs) if after_updates is not None else result
 
