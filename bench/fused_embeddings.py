@@ -25,10 +25,14 @@ the embedding values that travel between the worker and the ps per step
 (rows read plus gradients sent), counted from the batches (stock: every id of the batch, 4 bytes a value; fused: the distinct
 ids of the batch, 4 or 2 bytes a value).
 
-Method (issue 30): the interleaved rounds of bench/_common.py, each variant
-in a fresh process, the order rotated each round; every ratio is taken per
-round and reported as median and spread (min-max), judged only when the
-spread is on one side of the target. Each variant runs at
+Method (issue 30): the core variants of one steps_per_execution (stock,
+fused, MLP alone and the three embedding-stage variants, 1 worker, 26
+features) run in one process on one cluster, their timed windows
+interleaved (bench/_common.py time_fits_paired: a variant's number is its
+fastest window), the build order rotated each round; other variants run one
+per fresh process. Rounds of fresh processes (bench/_common.py
+interleaved); every ratio is taken per round and reported as median and
+spread (min-max), judged only when the spread is on one side of the target. Each variant runs at
 steps_per_execution 1 and 10 (TF's parameter-server tutorial advises
 steps_per_execution above 1 and a prefetching dataset; every dataset here
 ends in .prefetch(4)); the tuned setting is the one where stock is faster in every round (both when neither is),
@@ -39,7 +43,7 @@ floors); `--full` adds 2 workers, bf16, DynamicFeatureEmbeddings and 52 and
 104 features, at steps_per_execution=1; rows not re-run are kept from the
 last result file with their date.
 
-`python bench/fused_embeddings.py [--rounds N] [--full]`.
+`python bench/fused_embeddings.py [--rounds N] [--full]` (default 3 rounds).
 """
 
 from __future__ import annotations
@@ -140,33 +144,56 @@ def build(variant: str, num_features: int, steps_per_execution: int = 1):
     return model, dataset_fn, ids
 
 
-def child(variant: str, workers: str, num_features: str, steps_per_execution: str) -> None:
+def _measured(variant: str, ids, timed: dict) -> dict:
+    """A variant's result line from `time_fit_cpu` or `time_fits_paired`'s numbers."""
+    moved = 0.0 if variant.startswith("mlp_only") else value_bytes(ids, 2 if "bf16" in variant else 4,
+                                                                   dedup=not variant.startswith("stock"))
+    return {"ms_per_step": timed["ms_per_step"], "examples_per_s": 1000.0 * BATCH / timed["ms_per_step"],
+            "value_bytes_per_step": moved, "cpu_ms_per_step": timed["cpu_ms_per_step"],
+            "windows_ms": timed["windows_ms"], "window": "fastest"}
+
+
+def child(variant: str, workers: str, num_features: str, steps_per_execution: str, rotation: str = "0") -> None:
+    """One variant in its own process, or `variant` "core": CORE_VARIANTS in one process, windows interleaved.
+
+    `rotation`: how far the core variants' build order is rotated (the round's index).
+    """
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from _common import WINDOWS, time_fit_cpu  # pylint: disable=import-outside-toplevel
+    from _common import PAIRED_WINDOWS, WINDOWS, time_fit_cpu, time_fits_paired  # pylint: disable=import-outside-toplevel
 
     cluster = tf_psx.LocalCluster(num_workers=int(workers), num_ps=2, processes=True).start()
     try:
         strategy = tf_psx.ParameterServerStrategy(
             cluster, tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
-        with strategy.scope():
-            model, dataset_fn, ids = build(variant, int(num_features), int(steps_per_execution))
         pids = dict(cluster.task_pids(), coordinator=os.getpid())
-        ms, cpu, windows = time_fit_cpu(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, pids, windows=WINDOWS)
+        if variant == "core":
+            shift = int(rotation) % len(CORE_VARIANTS)
+            order = CORE_VARIANTS[shift:] + CORE_VARIANTS[:shift]
+            fits, ids = {}, None
+            for name in order:
+                with strategy.scope():
+                    model, dataset_fn, ids = build(name, int(num_features), int(steps_per_execution))
+                fits[name] = (model, dataset_fn)
+            timed = time_fits_paired(fits, WARMUP_STEPS, TIMED_STEPS, pids, windows=CORE_WINDOWS)
+            out = {"paired": {name: _measured(name, ids, timed[name]) for name in CORE_VARIANTS}, "order": order}
+        else:
+            with strategy.scope():
+                model, dataset_fn, ids = build(variant, int(num_features), int(steps_per_execution))
+            ms, cpu, windows = time_fit_cpu(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, pids, windows=WINDOWS)
+            out = _measured(variant, ids, {"ms_per_step": ms, "cpu_ms_per_step": cpu, "windows_ms": windows})
     finally:
         cluster.stop()
-    moved = 0.0 if variant.startswith("mlp_only") else value_bytes(ids, 2 if "bf16" in variant else 4,
-                                                                   dedup=not variant.startswith("stock"))
-    print(json.dumps({"ms_per_step": ms, "examples_per_s": 1000.0 * BATCH / ms, "value_bytes_per_step": moved,
-                      "cpu_ms_per_step": cpu, "windows_ms": windows, "window": "fastest"}), flush=True)
+    print(json.dumps(out), flush=True)
 
 
 # Metric names of the older method's rows that the core comparison measures again.
 SUPERSEDED = ("1 worker(s), stock", "1 worker(s), fused:", "1 worker(s): fused / stock", "MLP alone",
               "the stage's floor", "26 features", "where the time goes")
-CORE = [(variant, 1, 26, spe) for spe in SETTINGS
-        for variant in ("stock", "fused", "mlp_only", "stock_stage", "fused_stage", "mlp_only_stage")]
+CORE_VARIANTS = ["stock", "fused", "mlp_only", "stock_stage", "fused_stage", "mlp_only_stage"]
+CORE_WINDOWS = 8  # timed windows per core variant (time_fits_paired)
+CORE = [("core", 1, 26, spe) for spe in SETTINGS]
 FULL = [
     ("fused_bf16", 1, 26, 1), ("stock", 2, 26, 1), ("fused", 2, 26, 1), ("fused_bf16", 2, 26, 1),
     ("dynamic", 1, 26, 1), ("dynamic_stage", 1, 26, 1),
@@ -206,11 +233,11 @@ def main() -> None:
     import statistics  # pylint: disable=import-outside-toplevel
 
     from _common import (  # pylint: disable=import-outside-toplevel
-        ROUNDS, add_images, interleaved, kept_rows, per_round, ratio_row, ratios, saved_runs, spread_text,
+        add_images, interleaved, kept_rows, per_round, ratio_row, ratios, saved_runs, spread_text,
         write_result)
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--rows", action="store_true", help="rewrite the rows from the last result's runs (no run)")
     args = parser.parse_args()
@@ -220,7 +247,11 @@ def main() -> None:
         args.rounds = len(next(iter(runs.values())))
         args.full = all(variant in runs for variant in FULL)
     else:
-        runs = interleaved(__file__, variants, args.rounds, timeout=900)
+        runs = interleaved(__file__, variants, args.rounds, timeout=1800, round_args=lambda index: (index,))
+        for spe in SETTINGS:  # the core comparison's one process per round, as one run per variant
+            for name in CORE_VARIANTS:
+                runs[(name, 1, 26, spe)] = [run["paired"][name] for run in runs[("core", 1, 26, spe)]]
+            del runs[("core", 1, 26, spe)]
 
     def ex(key):
         return per_round(runs[key], "examples_per_s")
@@ -290,8 +321,11 @@ def main() -> None:
         f"Criteo-shaped model: 26 categorical features (Criteo cardinalities capped at {CAP:,}; numpy zipf(1.1) ids), "
         f"{DENSE} dense, dim {DIM}, MLP {'-'.join(map(str, HIDDEN))}, Adagrad, batch {BATCH} per worker step, "
         "dataset .prefetch(4); LocalCluster with 2 ps task processes and 1 (or 2) worker task processes and the "
-        f"coordinator: 4 processes on the machine's cores; a child's examples/s from the fastest of 5 windows of "
-        f"{TIMED_STEPS} steps after {WARMUP_STEPS} warm-up steps; {args.rounds} interleaved rounds of fresh processes, ratios per round "
+        f"coordinator: 4 processes on the machine's cores; the 6 core variants (1 worker, 26 features) of one "
+        f"steps_per_execution in one process on one cluster, their windows interleaved ({CORE_WINDOWS} windows of "
+        f"{TIMED_STEPS} steps each after {WARMUP_STEPS} warm-up steps, a variant's examples/s from its fastest "
+        "window; bench/_common.py time_fits_paired), the build order rotated each round; the other variants one "
+        f"per process, the fastest of 5 windows; {args.rounds} rounds of fresh processes, ratios per round "
         f"(median, min-max); steps_per_execution 1 and 10, targets judged at the tuned one (the one where stock is "
         f"faster in every round; at both when neither is: here {' and '.join(map(str, tuned))}). stock = 26 tf.keras.layers.Embedding with TF's FixedShardsPartitioner(2); fused = one "
         "FeatureEmbeddings. Embedding stage = the same without the MLP (embeddings summed into the logit); its "
@@ -312,4 +346,4 @@ def _split(run: dict) -> tuple:
 if __name__ == "__main__":
     from _common import entry  # pylint: disable=import-outside-toplevel
 
-    entry(child, main, 4)
+    entry(child, main, 5)
