@@ -38,8 +38,17 @@ CPU ms per step of each process is reported beside wall time where the
 setup says so. A child's number is the fastest of its 5 timed windows: a
 disturbance only adds time, and this machine's own speed moves (a fixed
 numpy job on the idle machine ran at 0.67x its usual rate for 2.5 s at a
-time, with no steal shown by vmstat). The other benchmarks still use the
-method their setup states. Every benchmark runs `model.fit` with
+time, with no steal shown by vmstat). Where the variants can share a
+process (`vocab_scaling`, and `fused_embeddings`' core comparison), they do:
+one model per variant on one cluster, their timed windows interleaved
+(A B, B A, ...; `bench/_common.py` `time_fits_paired`), each variant's
+number its fastest window, and the rounds are fresh processes with the
+build order rotated. Separate processes minutes apart compared machine
+states as much as variants: in one `vocab_scaling` run of the older method
+every variant of rounds 4-5 was about 2x slower than in rounds 1-2, and a
+ratio's spread was 0.90-1.34; with the windows interleaved it was 1.02-1.13
+(LazyAdam, 4 rounds), and building either size first gave the same ratio.
+The other benchmarks still use the method their setup states. Every benchmark runs `model.fit` with
 `steps_per_execution=1` unless its setup names another value.
 
 **Why earlier harnesses disagreed** (fused / stock from 1.04x to 2.90x for
@@ -105,8 +114,7 @@ SUMMARY = {
     "vocab_scaling": (
         "Does the cost of a step follow the rows touched, not the table size (10k -> 2M rows)?",
         "tf_psx SGD momentum",
-        "Spreads over rounds straddle 1.2x for some optimizers: a 2M-row process is sometimes slower as a whole "
-        "(its table's memory); more rounds would decide."),
+        ""),
     "dedup_bytes": (
         "How many bytes does deduplicating ids before the lookup save?",
         "dedup on / off", ""),

@@ -50,3 +50,32 @@ def test_rows_not_re_measured_are_kept_with_their_date(tmp_path, monkeypatch):
     (tmp_path / "again.json").write_text(
         '{"date": "2026-12-05 10:00 UTC", "rows": [{"metric": "b", "value": "2 [kept from the run of 2026-12-01 10:00 UTC]"}]}')
     assert common.kept_rows("again", []) == kept  # a row kept before keeps its own run's date
+
+
+def test_paired_variants_alternate_windows_in_one_process_and_keep_each_ones_fastest(monkeypatch):
+    import time  # pylint: disable=import-outside-toplevel
+
+    common = _common()
+    clock = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])  # a window lasts what its model says
+    calls = []
+
+    class Model:  # stands for a compiled model: `fit` runs one epoch of `steps_per_epoch` steps
+        def __init__(self, name, seconds):
+            self.name, self.seconds = name, list(seconds)
+
+        def fit(self, data, epochs, steps_per_epoch, verbose, callbacks=None):  # pylint: disable=unused-argument
+            calls.append((self.name, steps_per_epoch))
+            for callback in callbacks or []:
+                callback.on_epoch_begin(0)
+            if callbacks:  # a timed window
+                clock[0] += self.seconds.pop(0)
+            for callback in callbacks or []:
+                callback.on_epoch_end(0)
+
+    fits = {"a": (Model("a", [0.06, 0.02, 0.05]), lambda _: None), "b": (Model("b", [0.04, 0.08, 0.09]), lambda _: None)}
+    result = common.time_fits_paired(fits, warmup_steps=3, timed_steps=10, pids={}, windows=3)
+    assert calls == [("a", 3), ("b", 3), ("a", 10), ("b", 10), ("b", 10), ("a", 10), ("a", 10), ("b", 10)]
+    assert result["a"]["windows_ms"] == [6.0, 2.0, 5.0]  # ms per step: 60 ms over 10 steps, ...
+    assert result["a"]["ms_per_step"] == pytest.approx(2.0) and result["b"]["ms_per_step"] == pytest.approx(4.0)
+    assert result["a"]["cpu_ms_per_step"] == {}
