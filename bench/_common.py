@@ -247,6 +247,21 @@ class Straggler:
 # reported as its median and spread (min-max). It is judged met only when its
 # whole spread is on the target's side, missed only when its whole spread is
 # on the other side; a spread that straddles the target is not judged.
+def _fit_runner(entry):
+    """`run(steps, callbacks)` of a `time_fits_paired` entry: the entry itself, or a fit of (model, dataset_fn)."""
+    if callable(entry):
+        return entry
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    model, dataset_fn = entry
+    data = tf.keras.utils.experimental.DatasetCreator(dataset_fn)
+
+    def run(steps, callbacks):
+        model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=callbacks)
+
+    return run
+
+
 ROUNDS = 5
 # Timed windows per child (time_fit_cpu): the fastest window is the child's number.
 WINDOWS = 5
@@ -257,7 +272,9 @@ PAIRED_WINDOWS = 12
 def time_fits_paired(fits: dict, warmup_steps: int, timed_steps: int, pids: dict, windows: int = PAIRED_WINDOWS) -> dict:
     """{name: {"ms_per_step", "cpu_ms_per_step", "windows_ms"}}: variants in one process, their windows interleaved.
 
-    `fits` maps a name to (model, dataset_fn). Every model fits
+    `fits` maps a name to (model, dataset_fn), a fit of
+    `DatasetCreator(dataset_fn)`, or to a function `run(steps, callbacks)`
+    that fits one epoch of `steps` steps with `callbacks`. Every model fits
     `warmup_steps` (its trace), then window after window each model fits
     `timed_steps` (the order reversed every window: A B, B A, ...). A
     window is timed from its epoch's begin to its end (fit's own setup
@@ -288,14 +305,14 @@ def time_fits_paired(fits: dict, warmup_steps: int, timed_steps: int, pids: dict
             marks["ms"] = (time.perf_counter() - marks["start"]) * 1000 / timed_steps
             marks["cpu"] = {name: (_cpu_ms(pid) - marks["cpu"][name]) / timed_steps for name, pid in pids.items()}
 
-    data = {name: tf.keras.utils.experimental.DatasetCreator(dataset_fn) for name, (_, dataset_fn) in fits.items()}
-    for name, (model, _) in fits.items():
-        model.fit(data[name], epochs=1, steps_per_epoch=warmup_steps, verbose=0)
+    runners = {name: _fit_runner(entry) for name, entry in fits.items()}
+    for run in runners.values():
+        run(warmup_steps, None)
     measured: dict = {name: [] for name in fits}
     names = list(fits)
     for index in range(windows):
         for name in names if index % 2 == 0 else names[::-1]:
-            fits[name][0].fit(data[name], epochs=1, steps_per_epoch=timed_steps, verbose=0, callbacks=[_Window()])
+            runners[name](timed_steps, [_Window()])
             measured[name].append((marks["ms"], marks["cpu"]))
     results = {}
     for name, windows_of in measured.items():

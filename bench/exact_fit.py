@@ -31,14 +31,20 @@ Variants, each in a fresh process:
   updates (`tf_psx.step_once.current` returns None: no ring, no journal,
   a re-run applied again): what the tokens cost in all.
 
-Each process fits one warm-up epoch (the trace) and times the second; the
-examples/s and the CPU ms per step of every process are read over it. An
-epoch is `--steps` batches (400 by default: runs with 100, about 2.5 s
-timed, moved the per-worker path alone by 30% between rounds). The
-variants run interleaved, in ROUNDS rounds (each round in another order);
-every ratio is reported as its median and its spread (min-max) over the
-rounds, and called met or missed only when the spread does not straddle
-the target.
+By default (`--variants paired,paired_straggler`) the comparisons run
+paired: creator, exact_dataset, exact_arrays and exact_arrays_notokens in
+one process on one cluster (one model for the first three, a second one
+traced without tokens), their timed epochs interleaved, PAIRED_WINDOWS
+each, a variant's number its fastest epoch (bench/_common.py
+time_fits_paired); the two straggler variants likewise in a process of
+their own. Any other variant named runs alone in its process: one warm-up
+epoch (the trace), then the timed one. The examples/s and the CPU ms per
+step of every process are read over a timed epoch of `--steps` batches
+(400 by default: runs with 100, about 2.5 s timed, moved the per-worker
+path alone by 30% between rounds). Processes run in ROUNDS rounds (each
+round in another order); every ratio is reported as its median and its
+spread (min-max) over the rounds, and called met or missed only when the
+spread does not straddle the target.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # Batches of one epoch (warm-up epoch, then the timed one); `--steps` sets it for a run (its children read it here).
 STEPS = int(os.environ.get("TF_PSX_EXACT_FIT_STEPS", "400"))
-ROUNDS = 5
+ROUNDS = 3
 WORKERS = 2
 VARIANTS = ["creator", "exact_dataset", "exact_arrays", "exact_arrays_verbose", "creator_straggler",
             "exact_arrays_straggler", "creator_spe10", "exact_dataset_spe10", "exact_service", "exact_arrays_nojournal",
@@ -63,6 +69,9 @@ VARIANTS = ["creator", "exact_dataset", "exact_arrays", "exact_arrays_verbose", 
 
 
 def child(variant: str) -> None:
+    if variant in PAIRED:
+        paired_child(variant)
+        return
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -132,6 +141,82 @@ def child(variant: str) -> None:
                                   "steps": applied}), flush=True)
 
 
+PAIRED_WINDOWS = 4  # timed windows (epochs of STEPS batches) per variant of a paired child
+PAIRED = {"paired": ["creator", "exact_dataset", "exact_arrays", "exact_arrays_notokens"],
+          "paired_straggler": ["creator_straggler", "exact_arrays_straggler"]}
+
+
+def paired_child(kind: str) -> None:
+    """The variants of `PAIRED[kind]` in one process on one cluster, their timed epochs interleaved.
+
+    creator, exact_dataset and exact_arrays fit one model (the creator path
+    and the fed path trace their own functions); exact_arrays_notokens fits
+    a second model, traced with no step token. With a straggler, worker 0 is
+    stopped 20 ms of every 30 ms from the end of the warm-up on.
+    """
+    import tf_psx  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from _common import Straggler, time_fits_paired  # pylint: disable=import-outside-toplevel
+    from fused_embeddings import BATCH, batches, build  # pylint: disable=import-outside-toplevel
+    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+
+    names = PAIRED[kind]
+    cluster = tf_psx.LocalCluster(num_workers=WORKERS, num_ps=2, processes=True).start()
+    slow = None
+    try:
+        strategy = tf_psx.ParameterServerStrategy(
+            cluster, tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
+        with strategy.scope():
+            model, _, _ = build("fused", 26)
+            untokened = build("fused", 26)[0] if "exact_arrays_notokens" in names else None
+        ids, dense, labels = batches(26, STEPS)
+        features = dict(ids, numeric=dense)
+
+        def head(steps):
+            return {k: v[:steps * BATCH] for k, v in features.items()}, labels[:steps * BATCH]
+
+        def creator(steps, callbacks):
+            def dataset_fn(_ctx):
+                return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(BATCH).prefetch(4)
+
+            model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1, steps_per_epoch=steps,
+                      verbose=0, callbacks=callbacks)
+
+        def exact_dataset(steps, callbacks):
+            model.fit(tf.data.Dataset.from_tensor_slices(head(steps)).batch(BATCH).prefetch(4), epochs=1, verbose=0,
+                      callbacks=callbacks)
+
+        def exact_arrays(steps, callbacks, which=model):
+            x, y = head(steps)
+            which.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+
+        runners = {"creator": creator, "creator_straggler": creator, "exact_dataset": exact_dataset,
+                   "exact_arrays": exact_arrays, "exact_arrays_straggler": exact_arrays,
+                   "exact_arrays_notokens": lambda steps, callbacks: exact_arrays(steps, callbacks, untokened)}
+        fits = {name: runners[name] for name in names}
+        for name, run in fits.items():  # the traces, before any straggler
+            if name == "exact_arrays_notokens":
+                traced, step_once.current = step_once.current, lambda: None
+                try:
+                    run(20, None)
+                finally:
+                    step_once.current = traced
+            else:
+                run(20, None)
+        if kind.endswith("straggler"):
+            slow = Straggler(cluster.pid("worker", 0))
+        pids = dict(cluster.task_pids(), coordinator=os.getpid())
+        timed = time_fits_paired(fits, 2, STEPS, pids, windows=PAIRED_WINDOWS)
+    finally:
+        if slow is not None:
+            slow.stop()
+        cluster.stop()
+    out = {name: {"examples_per_s": 1000.0 * BATCH / result["ms_per_step"], "cpu_ms_per_step": result["cpu_ms_per_step"],
+                  "windows_ms": result["windows_ms"]} for name, result in timed.items()}
+    print("RESULT " + json.dumps(out), flush=True)
+
+
 def _run(variant: str) -> dict:
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", variant], capture_output=True,
                          text=True, timeout=900, check=False)
@@ -148,23 +233,33 @@ def main() -> None:
     from _common import kept_rows, machine, ratio_row, write_result  # pylint: disable=import-outside-toplevel
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(PAIRED),
+                        help="comma-separated, of: " + ", ".join(list(PAIRED) + VARIANTS))
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--steps", type=int, default=STEPS, help="batches per epoch (the timed epoch's steps)")
     options = parser.parse_args()
     chosen, rounds = options.variants.split(","), options.rounds
     os.environ["TF_PSX_EXACT_FIT_STEPS"] = str(options.steps)
-    unknown = sorted(set(chosen) - set(VARIANTS))
+    unknown = sorted(set(chosen) - set(VARIANTS) - set(PAIRED))
     if unknown:
-        raise SystemExit(f"exact_fit: unknown variant(s) {unknown}; choose from {VARIANTS}")
-    chosen = [v for v in VARIANTS if v in chosen]
+        raise SystemExit(f"exact_fit: unknown variant(s) {unknown}; choose from {list(PAIRED) + VARIANTS}")
+    chosen = [v for v in list(PAIRED) + VARIANTS if v in chosen]
     runs: dict[str, list[dict]] = {v: [] for v in chosen}
     for round_index in range(rounds):
         order = chosen[round_index % len(chosen):] + chosen[:round_index % len(chosen)]
         for variant in order:
             result = _run(variant)
             runs[variant].append(result)
-            print(f"round {round_index + 1} {variant}: {result['examples_per_s']:.0f} examples/s", flush=True)
+            shown = result.items() if variant in PAIRED else [(variant, result)]
+            print(f"round {round_index + 1} " + ", ".join(f"{name}: {value['examples_per_s']:.0f} examples/s"
+                                                          for name, value in shown), flush=True)
+
+    for kind in PAIRED:  # a paired child's variants, as one run each per round
+        if kind in runs:
+            for name in PAIRED[kind]:
+                runs[name] = [result[name] for result in runs[kind]]
+            del runs[kind]
+            chosen = [v for v in chosen if v != kind] + PAIRED[kind]
 
     def ratios(a: str, b: str) -> list[float]:
         return [x["examples_per_s"] / y["examples_per_s"] for x, y in zip(runs[a], runs[b])]
@@ -190,10 +285,13 @@ def main() -> None:
         rows.append({"metric": f"{variant}: coordinator CPU", "value": round(cpu, 2), "unit": "ms/step"})
     setup = (f"26-feature Criteo-shaped model (FeatureEmbeddings, MLP 400-400-400, Adagrad), batch 512, "
              f"{WORKERS} workers + 2 ps task processes, steps_per_execution=1 (10 where named), prefetch 4; "
-             f"{options.steps} timed steps after "
-             f"a warm-up epoch; {rounds} interleaved rounds, a fresh process per run; median and spread (min-max)")
-    if len(chosen) < len(VARIANTS):
-        setup += f"; this run measured {', '.join(chosen)}, the other rows are kept from an earlier run"
+             f"{rounds} rounds of fresh processes; median and spread (min-max) of the per-round ratios. "
+             f"{', '.join(PAIRED['paired'])} (and, with worker 0 stopped 20 ms of every 30 ms, "
+             f"{', '.join(PAIRED['paired_straggler'])}) run in one process on one cluster, their timed epochs "
+             f"of {options.steps} steps interleaved ({PAIRED_WINDOWS} each, a variant's number its fastest; "
+             "bench/_common.py time_fits_paired); other variants one per process, one timed epoch of "
+             f"{options.steps} steps after a warm-up epoch")
+    setup += f"; this run measured {', '.join(chosen)}, the other rows are kept from earlier runs"
     write_result("exact_fit", setup, rows + kept_rows("exact_fit", rows), extra={"runs": runs, "machine": machine()})
 
 
