@@ -68,11 +68,20 @@ VARIANTS = ["creator", "exact_dataset", "exact_arrays", "exact_arrays_verbose", 
             "exact_arrays_notokens"]
 
 
+def _cluster_and_strategy(data_workers: int = 0):
+    """The benchmark's started LocalCluster (WORKERS workers, 2 ps, task processes) and its strategy."""
+    import tf_psx  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    cluster = tf_psx.LocalCluster(num_workers=WORKERS, num_ps=2, processes=True, data_workers=data_workers).start()
+    strategy = tf_psx.ParameterServerStrategy(cluster, tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
+    return cluster, strategy
+
+
 def child(variant: str) -> None:
     if variant in PAIRED:
         paired_child(variant)
         return
-    import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from _common import Straggler, _cpu_ms  # pylint: disable=import-outside-toplevel
@@ -88,12 +97,9 @@ def child(variant: str) -> None:
 
         step_once.current = lambda: None
         variant = variant[: -len("_notokens")]
-    cluster = tf_psx.LocalCluster(num_workers=WORKERS, num_ps=2, processes=True,
-                                  data_workers=1 if variant == "exact_service" else 0).start()
+    cluster, strategy = _cluster_and_strategy(data_workers=1 if variant == "exact_service" else 0)
     slow = None
     try:
-        strategy = tf_psx.ParameterServerStrategy(
-            cluster, tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
         with strategy.scope():
             model, _, _ = build("fused", 26)
             if variant.endswith("spe10"):
@@ -154,7 +160,6 @@ def paired_child(kind: str) -> None:
     a second model, traced with no step token. With a straggler, worker 0 is
     stopped 20 ms of every 30 ms from the end of the warm-up on.
     """
-    import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from _common import Straggler, time_fits_paired  # pylint: disable=import-outside-toplevel
@@ -162,11 +167,9 @@ def paired_child(kind: str) -> None:
     from tf_psx import step_once  # pylint: disable=import-outside-toplevel
 
     names = PAIRED[kind]
-    cluster = tf_psx.LocalCluster(num_workers=WORKERS, num_ps=2, processes=True).start()
+    cluster, strategy = _cluster_and_strategy()
     slow = None
     try:
-        strategy = tf_psx.ParameterServerStrategy(
-            cluster, tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
         with strategy.scope():
             model, _, _ = build("fused", 26)
             untokened = build("fused", 26)[0] if "exact_arrays_notokens" in names else None

@@ -58,10 +58,16 @@ one model and setting, issue 30):
    up to 2.5x (`fused_embeddings` raw `windows_ms`), so one timed window of
    200 steps caught a slow spell or not. With the fastest of 5 windows and
    3 rotated rounds, the whole model's fused / stock spread is 1.49-1.62;
-   with the median window of the same runs it was 1.00-1.68.
+   with the median window of the same runs it was 1.00-1.68. With the 6
+   variants in one process and their windows interleaved, stock's
+   examples/s spread over 3 rounds was 12.2k-12.7k (against 10.2k-11.5k in
+   separate processes) and the whole model's fused / stock 1.45-1.51.
 2. *`steps_per_execution`.* At 10 (the parameter-server tutorial's advice)
-   stock was slower than at 1 in every round (0.83-0.99x), so it is not a
-   tuning that favours stock; the targets are judged at 1.
+   stock was slower than at 1 in every round of the run of 2026-12-05
+   (0.83-0.99x, separate processes); in the run of 2026-12-06 (variants in
+   one process, dense updates one unit per ps task) it was faster in every
+   round (1.03-1.10x). `fused_embeddings` judges its targets at the setting
+   where stock is faster in every round, so now at 10.
 3. *The process layout and thread pools.* `fused_embeddings` runs 4 TF
    processes (coordinator, worker, 2 ps) on 2 cores, the in-process
    benchmarks one. One inter-op and one intra-op thread per process
@@ -83,28 +89,34 @@ SUMMARY = {
     "exact_fit": (
         "Does an exact `fit` epoch (every example once) cost speed against each worker reading its own part?",
         "exact arrays / per-worker, equal workers",
-        "Run of 2026-12-05 22:57 (3 rounds, 400 timed steps), after fit (and a DatasetCreator fit, the "
-        "per-worker side) keeps at most max(4, 2 x workers) steps queued ahead: exact arrays 0.996 "
-        "(0.995-1.00) and exact arrays with one 3x straggler 0.976 (0.948-1.04) met; exact dataset 0.896 "
-        "(0.894-0.91) missed. Step tokens on / off 0.911 (0.87-0.95); the 2 ps tasks spend 15.7-15.9 CPU ms "
-        "per step with tokens, 13.3-14.5 without. The run of 17:56 (5 rounds, before the bound) gave exact "
-        "arrays 0.93 (0.89-1.05), straggler 0.92 (0.71-0.95), exact dataset 0.905 (0.86-0.94). Exact dataset "
-        "is the slowest because the coordinator runs the user's pipeline (from_tensor_slices of single "
-        "examples, then batch): 9.0-9.3 CPU ms per step on the coordinator against 5.2-5.3 for arrays, which "
-        "tf_psx slices itself; readers on other hosts (a tf.data service) take that off the coordinator. At "
-        "steps_per_execution=10 (run of 15:02, kept; there a step carries no token, so a crash re-run can "
-        "count twice) exact dataset gave 0.97 (0.90-1.00), not judged. The verbose, journal and tf.data "
-        "service rows are kept from earlier runs. Over a tf.data service on the same 2 cores the dispatcher "
-        "and the data worker cost 50-55 CPU ms per step: it pays only with readers on other hosts."),
+        "Run of 2026-12-06 02:08, paired (creator, exact dataset, exact arrays and exact arrays without tokens in "
+        "one process per round, timed epochs of 400 steps interleaved; the straggler pair likewise; 3 rounds), "
+        "after a DatasetCreator fit's dense updates became one unit per ps task as a fed step's are: exact arrays "
+        "1.07 (1.01-1.10) and with one 3x straggler 1.06 (1.00-1.10) met; exact dataset 0.986 (0.93-1.02) "
+        "straddles 0.95, not judged. The run of 2026-12-05 22:57 (one variant per process, 3 rounds, before the "
+        "grouping) gave exact dataset 0.896 (0.894-0.91), a miss; the two methods disagree for the dataset and "
+        "agree that exact arrays meets. The coordinator runs the user's pipeline: 8.6-9.2 CPU ms per step "
+        "against 5.2-5.3 for arrays and 3.8-4.2 for the per-worker path. Step tokens on / off 0.873 "
+        "(0.871-0.874): with tokens ps:0 spends 8.8-9.2 CPU ms per step against 5.5-5.7 without, ps:1 6.5-6.9 "
+        "against 6.3-6.6. At steps_per_execution=10 (run of 15:02, kept; there a step carries no token, so a "
+        "crash re-run can count twice) exact dataset gave 0.97 (0.90-1.00), not judged. Over a tf.data service "
+        "on the same 2 cores the dispatcher and the data worker cost 50-55 CPU ms per step: it pays only with "
+        "readers on other hosts."),
     "overhead": (
         "Does tf_psx's strategy cost speed against raw TF on the same cluster?",
         "ratio tf_psx / raw TF", ""),
     "fused_embeddings": (
         "Is one fused table for 26 features faster than 26 stock Embedding layers?",
-        "whole model, steps_per_execution=1 (judged): fused / stock",
-        "The embedding stage is 1.8-2.3x (target 2.5x): the stage's floor (the step with no embedding, ~10 ms) "
-        "is about half of the fused stage's step on 2 cores shared by 4 processes. The whole model's spread "
-        "straddles 1.5x; more rounds would narrow it."),
+        "(judged): fused / stock examples/s",
+        "Run of 2026-12-06 01:47 (the 6 core variants in one process per round, windows interleaved; 3 rounds), "
+        "after an apply with no step token makes its dense updates one unit per ps task: stock is faster at "
+        "steps_per_execution=10 in every round (1.09x, 1.03-1.10), so the targets are judged there. Whole model "
+        "1.5 (1.45-1.51) straddles 1.5 (at 1: 1.42, 1.33-1.44); the embedding stage is 2.12x (2.07-2.15, target "
+        "2.5) and its CPU above the floor 0.18x of stock's (0.175-0.217, target 0.15). The fused stage's step "
+        "(11.0 ms) is 7.8 ms of floor (the step with no embedding: the closure, the input, the head's update) "
+        "and 3.2 ms of embedding; the stage ratio is capped near (floor + stock's 15.9 ms) / floor = 3x even "
+        "with a free lookup. The floor's CPU is mostly the worker's (7.4 of 12 ms per step: its input pipeline "
+        "and the step function; the 2 ps tasks 3.7). Taking more of the floor off is what would change it."),
     "dynamic_vs_static": (
         "Does a hash-table embedding (TFRA DynamicEmbedding) train as fast as a fixed sharded table?",
         "1 worker(s): DynamicEmbedding / ShardedEmbedding",
