@@ -303,7 +303,7 @@ def _locked_update(original, optimizer, gradient, variable):
 # fit, a custom loop) is grouped too: one lock taken per ps task instead of
 # one per variable shard. Measured on the 26-feature fused model (both ways
 # in one process, windows interleaved): 0.94x the ms per step with 1 worker
-# (twice), 0.98x with 2 workers, the 2 ps tasks' CPU 1.5-2 ms per step less.
+# (twice), 0.98x with 2 workers, the 2 ps tasks' CPU 1.7-2.4 ms per step less.
 # A variable is grouped or not from its
 # first update on (`_GROUPED_ATTR`), and a grouped one is then always
 # updated under its task's lock, alone or in a group, so that two paths
