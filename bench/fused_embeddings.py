@@ -314,8 +314,11 @@ def main() -> None:
     # Rows of an earlier run that the core comparison re-measures (1 worker, 26 features) are dropped, not
     # kept; the others (2 workers, bf16, the hash table, 52 and 104 features) stay with their date. Kept rows
     # were measured by the older method (2 rounds, one window): shown, not judged.
+    # A comparison this run measured is not kept from an earlier one under its other name (judged or not there).
+    measured = {row["metric"].replace(" (judged)", "") for row in rows}
     rows += [dict(row, ok=None) for row in kept_rows("fused_embeddings", rows, only_kept=args.rows)
-             if not any(part in row["metric"] for part in SUPERSEDED)]
+             if not any(part in row["metric"] for part in SUPERSEDED)
+             and row["metric"].replace(" (judged)", "") not in measured]
     path = write_result(
         "fused_embeddings",
         f"Criteo-shaped model: 26 categorical features (Criteo cardinalities capped at {CAP:,}; numpy zipf(1.1) ids), "

@@ -235,11 +235,15 @@ def _summary(records: dict) -> str:
         row = _headline(rec, key) or {}
         judged = [r for r in rec["rows"] if r.get("ok") is not None]
         missed = [r for r in judged if r.get("ok") is False]
+        # Rows with a comparative target and no verdict: a spread that straddles it, or a row kept from a run
+        # whose method did not judge it.
+        unjudged = [r for r in rec["rows"] if r.get("ok") is None and str(r.get("target") or "")[:2] in (">=", "<=")]
         result = _value(row) if row else "-"
-        if judged:
-            result += f" ({len(judged) - len(missed)} of {len(judged)} targets met)"
+        if judged or unjudged:
+            result += f" ({len(judged) - len(missed)} of {len(judged) + len(unjudged)} targets met"
+            result += f", {len(unjudged)} not judged)" if unjudged else ")"
         met = _met(row) if row else "-"
-        reason = why if missed else ""
+        reason = why if missed or unjudged else ""
         if row.get("target") and row.get("ok") is None and "spread" in row:
             reason = "Not judged: the spread over rounds straddles the target. " + reason
         lines.append(f"| [{name}](#{name}) | {question} | {result} | {row.get('target') or '-'} | {met} | "
