@@ -120,9 +120,11 @@ SUMMARY = {
     "dynamic_vs_static": (
         "Does a hash-table embedding (TFRA DynamicEmbedding) train as fast as a fixed sharded table?",
         "1 worker(s): DynamicEmbedding / ShardedEmbedding",
-        "Most of the gap is TFRA's own lookup and shadow buffers: TFRA's own apply, without tf_psx's lock, is "
-        "already 2.2x; tf_psx's locked update adds the rest. Applying the update on the ps would remove only that "
-        "part (not built); the rest needs a lookup path without TFRA's per-step shadow buffers."),
+        "Run of 2026-12-06 03:01 (3 rounds, one variant per process): 1.98 (1.98-2.28) with 1 worker, 2.08 "
+        "(1.96-2.5) with 2. The gap is TFRA's own lookup and shadow buffers: TFRA's own apply, without tf_psx's "
+        "lock (exact_updates=False), is 2.04x (1.77-2.3) by itself, so tf_psx's locked update adds nothing "
+        "beyond the spread. Applying the update on the ps (not built) would remove only the locked part; the "
+        "target needs a lookup path without TFRA's per-step shadow buffers."),
     "vocab_scaling": (
         "Does the cost of a step follow the rows touched, not the table size (10k -> 2M rows)?",
         "tf_psx SGD momentum",
