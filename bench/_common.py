@@ -247,6 +247,13 @@ class Straggler:
 # reported as its median and spread (min-max). It is judged met only when its
 # whole spread is on the target's side, missed only when its whole spread is
 # on the other side; a spread that straddles the target is not judged.
+ROUNDS = 5
+# Timed windows per child (time_fit_cpu): the fastest window is the child's number.
+WINDOWS = 5
+# Timed windows per variant when variants share a process (time_fits_paired).
+PAIRED_WINDOWS = 12
+
+
 def _fit_runner(entry):
     """`run(steps, callbacks)` of a `time_fits_paired` entry: the entry itself, or a fit of (model, dataset_fn)."""
     if callable(entry):
@@ -260,13 +267,6 @@ def _fit_runner(entry):
         model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=callbacks)
 
     return run
-
-
-ROUNDS = 5
-# Timed windows per child (time_fit_cpu): the fastest window is the child's number.
-WINDOWS = 5
-# Timed windows per variant when variants share a process (time_fits_paired).
-PAIRED_WINDOWS = 12
 
 
 def time_fits_paired(fits: dict, warmup_steps: int, timed_steps: int, pids: dict, windows: int = PAIRED_WINDOWS) -> dict:

@@ -304,10 +304,9 @@ def _locked_update(original, optimizer, gradient, variable):
 # one per variable shard. Measured on the 26-feature fused model (both ways
 # in one process, windows interleaved): 0.94x the ms per step with 1 worker
 # (twice), 0.98x with 2 workers, the 2 ps tasks' CPU 1.7-2.4 ms per step less.
-# A variable is grouped or not from its
-# first update on (`_GROUPED_ATTR`), and a grouped one is then always
-# updated under its task's lock, alone or in a group, so that two paths
-# never write it under two locks.
+# A variable is grouped or not from its first update on (`_GROUPED_ATTR`),
+# and a grouped one is then always updated under its task's lock, alone or in
+# a group, so that two paths never write it under two locks.
 
 _GROUPED_ATTR = "_tf_psx_grouped"  # variable key -> True (grouped: its ps task's lock) or False (its own lock)
 _DEVICE_LOCKS_ATTR = "_tf_psx_device_locks"  # ps device -> the lock of its grouped variables
