@@ -29,12 +29,16 @@ Variants, each in a fresh process:
   off (no copy of the rows an update writes): what the journal costs;
 * exact_arrays_notokens: exact_arrays with no step token seen by the
   updates (`tf_psx.step_once.current` returns None: no ring, no journal,
-  a re-run applied again): what the tokens cost in all.
+  a re-run applied again): what the tokens cost in all;
+* exact_arrays_unfolded: exact_arrays with the step's `iterations` bump
+  under its own lock and ring (`tf_psx.exact_updates.FOLD_ITERATIONS`
+  off): what making it in its ps task's unit of dense updates saves.
 
 By default (`--variants paired,paired_straggler`) the comparisons run
-paired: creator, exact_dataset, exact_arrays and exact_arrays_notokens in
-one process on one cluster (one model for the first three, a second one
-traced without tokens), their timed epochs interleaved, PAIRED_WINDOWS
+paired: creator, exact_dataset, exact_arrays, exact_arrays_notokens and
+exact_arrays_unfolded in one process on one cluster (one model for the
+first three, one more for each of the last two, traced with tokens off or
+the bump apart), their timed epochs interleaved, PAIRED_WINDOWS
 each, a variant's number its fastest epoch (bench/_common.py
 time_fits_paired); the two straggler variants likewise in a process of
 their own. Any other variant named runs alone in its process: one warm-up
@@ -65,7 +69,7 @@ ROUNDS = 3
 WORKERS = 2
 VARIANTS = ["creator", "exact_dataset", "exact_arrays", "exact_arrays_verbose", "creator_straggler",
             "exact_arrays_straggler", "creator_spe10", "exact_dataset_spe10", "exact_service", "exact_arrays_nojournal",
-            "exact_arrays_notokens"]
+            "exact_arrays_notokens", "exact_arrays_unfolded"]
 
 
 def _cluster_and_strategy(data_workers: int = 0):
@@ -97,6 +101,11 @@ def child(variant: str) -> None:
 
         step_once.current = lambda: None
         variant = variant[: -len("_notokens")]
+    if variant.endswith("_unfolded"):  # the `iterations` bump under its own lock and ring
+        from tf_psx import exact_updates  # pylint: disable=import-outside-toplevel
+
+        exact_updates.FOLD_ITERATIONS = False
+        variant = variant[: -len("_unfolded")]
     cluster, strategy = _cluster_and_strategy(data_workers=1 if variant == "exact_service" else 0)
     slow = None
     try:
@@ -148,7 +157,7 @@ def child(variant: str) -> None:
 
 
 PAIRED_WINDOWS = 4  # timed windows (epochs of STEPS batches) per variant of a paired child
-PAIRED = {"paired": ["creator", "exact_dataset", "exact_arrays", "exact_arrays_notokens"],
+PAIRED = {"paired": ["creator", "exact_dataset", "exact_arrays", "exact_arrays_notokens", "exact_arrays_unfolded"],
           "paired_straggler": ["creator_straggler", "exact_arrays_straggler"]}
 
 
@@ -157,14 +166,15 @@ def paired_child(kind: str) -> None:
 
     creator, exact_dataset and exact_arrays fit one model (the creator path
     and the fed path trace their own functions); exact_arrays_notokens fits
-    a second model, traced with no step token. With a straggler, worker 0 is
+    a second model, traced with no step token, and exact_arrays_unfolded a
+    third, traced with the `iterations` bump apart. With a straggler, worker 0 is
     stopped 20 ms of every 30 ms from the end of the warm-up on.
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from _common import Straggler, time_fits_paired  # pylint: disable=import-outside-toplevel
     from fused_embeddings import BATCH, batches, build  # pylint: disable=import-outside-toplevel
-    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx import exact_updates, step_once  # pylint: disable=import-outside-toplevel
 
     names = PAIRED[kind]
     cluster, strategy = _cluster_and_strategy()
@@ -173,6 +183,7 @@ def paired_child(kind: str) -> None:
         with strategy.scope():
             model, _, _ = build("fused", 26)
             untokened = build("fused", 26)[0] if "exact_arrays_notokens" in names else None
+            unfolded = build("fused", 26)[0] if "exact_arrays_unfolded" in names else None
         ids, dense, labels = batches(26, STEPS)
         features = dict(ids, numeric=dense)
 
@@ -196,7 +207,8 @@ def paired_child(kind: str) -> None:
 
         runners = {"creator": creator, "creator_straggler": creator, "exact_dataset": exact_dataset,
                    "exact_arrays": exact_arrays, "exact_arrays_straggler": exact_arrays,
-                   "exact_arrays_notokens": lambda steps, callbacks: exact_arrays(steps, callbacks, untokened)}
+                   "exact_arrays_notokens": lambda steps, callbacks: exact_arrays(steps, callbacks, untokened),
+                   "exact_arrays_unfolded": lambda steps, callbacks: exact_arrays(steps, callbacks, unfolded)}
         fits = {name: runners[name] for name in names}
         for name, run in fits.items():  # the traces, before any straggler
             if name == "exact_arrays_notokens":
@@ -205,6 +217,12 @@ def paired_child(kind: str) -> None:
                     run(20, None)
                 finally:
                     step_once.current = traced
+            elif name == "exact_arrays_unfolded":
+                exact_updates.FOLD_ITERATIONS = False
+                try:
+                    run(20, None)
+                finally:
+                    exact_updates.FOLD_ITERATIONS = True
             else:
                 run(20, None)
         if kind.endswith("straggler"):
@@ -279,6 +297,7 @@ def main() -> None:
         ("exact over a tf.data service / exact dataset", "exact_service", "exact_dataset", None),
         ("journal on / off (exact arrays)", "exact_arrays", "exact_arrays_nojournal", None),
         ("step tokens on / off (exact arrays)", "exact_arrays", "exact_arrays_notokens", None),
+        ("iterations bump in the unit / apart (exact arrays)", "exact_arrays", "exact_arrays_unfolded", None),
     ]
     rows = [ratio_row(metric, ratios(top, bottom), target) for metric, top, bottom, target in comparisons
             if top in runs and bottom in runs]

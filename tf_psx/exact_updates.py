@@ -63,6 +63,8 @@ _STEPS_ATTR = "_tf_psx_local_steps"
 _PENDING_ATTR = "_tf_psx_pending_steps"
 # The lock of `iterations` (a step's token is recorded beside it): (lock, variable).
 _ITERATIONS_LOCK_ATTR = "_tf_psx_iterations_lock"
+# The grouped units that advance `iterations` too (`grouped_apply`): ring key -> the variable updates in the unit.
+_ITERATIONS_UNITS_ATTR = "_tf_psx_iterations_units"
 # Row marks (`register_row_marks`): variable key -> bool [rows], set by every update of the variable.
 _MARKS_ATTR = "_tf_psx_row_marks"
 # Mutexes are shared by name on their ps task; the counter keeps two
@@ -307,12 +309,21 @@ def _locked_update(original, optimizer, gradient, variable):
 # A variable is grouped or not from its first update on (`_GROUPED_ATTR`),
 # and a grouped one is then always updated under its task's lock, alone or in
 # a group, so that two paths never write it under two locks.
+#
+# Under a token, the step's `iterations` bump joins the unit of its ps task
+# when that task has dense updates in the apply (`FOLD_ITERATIONS`): the
+# unit's journal holds `iterations` too, so a re-run's twin writes it back
+# like the variables. Apart, the bump took a lock, a ring and a token of its
+# own on that task every step: about half of what the tokens cost
+# (bench/exact_fit.py, exact_arrays against exact_arrays_notokens).
 
 _GROUPED_ATTR = "_tf_psx_grouped"  # variable key -> True (grouped: its ps task's lock) or False (its own lock)
 _DEVICE_LOCKS_ATTR = "_tf_psx_device_locks"  # ps device -> the lock of its grouped variables
 # False: a step with no token (a DatasetCreator fit, a custom loop) updates each dense variable under its own
 # lock, as before grouping (for measuring what grouping changes there).
 GROUP_WITHOUT_TOKEN = True
+# False: the `iterations` bump keeps its own lock and ring (`_bump_iterations`), for measuring the fold.
+FOLD_ITERATIONS = True
 _group = threading.local()  # .apply: the `_Collector` of the apply being traced in this thread, or None
 
 
@@ -321,7 +332,18 @@ class _Collector:
 
     def __init__(self, grouping: bool):
         self.pending = [] if grouping else None
-        self.outputs = []
+        self.outputs = _Outputs()
+        self.bump = None  # (iterations, delta) when the step's bump joins the unit of iterations' ps task
+
+
+class _Outputs(list):
+    """A `grouped_apply`'s outputs; `iterations` is the counter's value after the apply when a unit advanced it."""
+
+    iterations = None
+
+
+def _same_device(a: str, b: str) -> bool:
+    return tf.DeviceSpec.from_string(a).to_string() == tf.DeviceSpec.from_string(b).to_string()
 
 
 def _device_lock(optimizer, device: str):
@@ -372,11 +394,22 @@ def grouped_apply(optimizer):
     for entry in collector.pending or []:
         by_device.setdefault(entry[2].device, []).append(entry)
     for device, entries in by_device.items():
-        collector.outputs.append(_grouped_update(optimizer, device, entries))
+        bump = collector.bump if collector.bump is not None and _same_device(collector.bump[0].device, device) else None
+        collector.outputs.append(_grouped_update(optimizer, device, entries, bump))
+        if bump is not None:
+            with tf.control_dependencies([collector.outputs[-1]]):
+                collector.outputs.iterations = bump[0].read_value()
 
 
 def after_updates(result, outputs):
-    """`result`, once every tensor of `outputs` (a `grouped_apply`'s list) has run."""
+    """`result`, once every tensor of `outputs` (a `grouped_apply`'s list) has run.
+
+    When a unit advanced `iterations` (the step's bump joined it), the
+    counter's value after the unit stands for `result` (what tf-keras's own
+    `iterations.assign_add(1)` returns).
+    """
+    if getattr(outputs, "iterations", None) is not None:
+        result = outputs.iterations
     if not outputs:
         return result
     with tf.control_dependencies(outputs):
@@ -388,8 +421,17 @@ def grouped_variables(optimizer) -> list[str]:
     return sorted(key for key, grouped in optimizer.__dict__.get(_GROUPED_ATTR, {}).items() if grouped)
 
 
-def _grouped_update(optimizer, device: str, entries: list):
-    """The updates `entries` [(original, gradient, variable)] of `device`'s variables as one unit under its lock."""
+def iterations_in_unit(optimizer) -> bool:
+    """True when the step's `iterations` bump is made in a ps task's unit of dense updates (`grouped_apply`)."""
+    return bool(optimizer.__dict__.get(_ITERATIONS_UNITS_ATTR))
+
+
+def _grouped_update(optimizer, device: str, entries: list, bump=None):
+    """The updates `entries` [(original, gradient, variable)] of `device`'s variables as one unit under its lock.
+
+    `bump`: None, or (iterations, delta) when the step's `iterations` bump
+    is made in this unit (its ps task is `device`).
+    """
     strategy = tf.distribute.get_strategy()
     variables = [variable for _, _, variable in entries]
     steps = [_state_for(optimizer, variable)[1] for variable in variables]
@@ -400,6 +442,10 @@ def _grouped_update(optimizer, device: str, entries: list):
     keys = "|".join(_door.var_key(optimizer, variable) for variable in variables)
     # The ring and journal hold this set of variables (another set on the task gets its own).
     key = f"group_{hashlib.sha1(keys.encode()).hexdigest()[:12]}"
+    if bump is not None:
+        whole = whole + [bump[0]]
+        key += "_iterations"
+        optimizer.__dict__.setdefault(_ITERATIONS_UNITS_ATTR, {})[key] = len(entries)
 
     def apply():
         done = []
@@ -411,6 +457,9 @@ def _grouped_update(optimizer, device: str, entries: list):
             # As tf-keras's apply makes each update (colocated, in the strategy's update context).
             done.append(strategy.extended.update(variable, lambda _, run=run, step=step: _run_counted(
                 optimizer, step, run), group=True))
+        if bump is not None:
+            iterations, delta = bump
+            done.append(tf.cast(iterations.assign_add(tf.cast(delta, iterations.dtype), read_value=True), tf.int64))
         return tf.add_n(done)
 
     def skip():
@@ -432,6 +481,11 @@ def _bump_iterations(optimizer):
     iterations = optimizer.iterations
 
     def bump(delta):
+        collector = getattr(_group, "apply", None)
+        if (FOLD_ITERATIONS and collector is not None and collector.pending is not None
+                and any(_same_device(variable.device, iterations.device) for _, _, variable in collector.pending)):
+            collector.bump = (iterations, delta)  # made in that task's unit when the apply ends (`grouped_apply`)
+            return tf.constant(0, tf.int64)  # `after_updates` returns the counter's value after the unit instead
         entry = optimizer.__dict__.get(_ITERATIONS_LOCK_ATTR)
         if entry is None or entry[1] is not iterations:
             with tf.init_scope(), tf.device(iterations.device):
@@ -464,8 +518,11 @@ def rerun_counts(optimizer) -> dict:
       midway and restored from their journal (then applied by the re-run)}.
     """
     everything = _step_once.counts(optimizer)
-    steps = _step_once.counts_of(optimizer, "iterations")
-    return {"steps": steps["skipped"], "updates": everything["skipped"] - steps["skipped"],
+    apart = _step_once.counts_of(optimizer, "iterations")["skipped"]  # the bump's own ring
+    # A unit that advanced `iterations` counts `units` skipped updates per skipped step.
+    folded = sum(_step_once.counts_of(optimizer, key)["skipped"] // units
+                 for key, units in optimizer.__dict__.get(_ITERATIONS_UNITS_ATTR, {}).items())
+    return {"steps": apart + folded, "updates": everything["skipped"] - apart,
             "unsure": everything["unsure"], "rolled_back": everything["rolled_back"]}
 
 
@@ -624,10 +681,13 @@ def tfra_apply_gradients_fn(optimizer, tfra_fn):
                         apply_one(var, grad)
                 else:
                     distribution.extended.update(var, apply_one, args=(grad,), group=False)
+            bump = _bump_iterations(optimizer)
+            if not optimizer.use_ema:  # inside the apply, the bump can join a unit (`grouped_apply`)
+                counted = optimizer.iterations.assign_add(1) if bump is None else bump(1)
         if optimizer.use_ema:
             _door.update_moving_average(optimizer, [var for _, var in grads_and_vars])
-        bump = _bump_iterations(optimizer)
-        return after_updates(optimizer.iterations.assign_add(1) if bump is None else bump(1), outputs)
+            counted = optimizer.iterations.assign_add(1) if bump is None else bump(1)
+        return after_updates(counted, outputs)
 
     return apply_gradients_fn
 

@@ -263,6 +263,7 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
         "exact_updates": not args.no_exact,
         "steps": steps,
         "grouped": len(tf_psx.exact_updates.grouped_variables(model.optimizer)),
+        "iterations_in_unit": tf_psx.exact_updates.iterations_in_unit(model.optimizer),
         "share": float(np.abs(actual).sum()) / move,
         "max_row_error": float(np.abs(actual - expected).max() / np.abs(expected).max()),
         "keys": keys,

@@ -66,6 +66,8 @@ def test_dense_updates_fed_by_the_coordinator_run_grouped_per_ps_task_and_exact(
     results = script_results(result)
     _check(results, 3)
     assert [r["grouped"] for r in results] == [4, 4, 4], results
+    # The step's `iterations` bump is made in the unit of its ps task (`_check`: iterations == STEPS).
+    assert [r["iterations_in_unit"] for r in results] == [True, True, True], results
 
 
 @pytest.mark.processes
