@@ -598,6 +598,23 @@ def _fresh_slot_rows(optimizer, slot, ids):
     return tf.where(tf.reshape(exists, [-1, 1]), fresh, tf.cast(initial, fresh.dtype) * tf.ones_like(fresh))
 
 
+# The table's update is made on its first ps task (`_shadows.buffers_on`): the
+# worker sends the step's ids, forward rows and gradient there once, before
+# the lock; the rows and slots are looked up, updated by the optimizer's own
+# ops and written back on the ps. On the worker (False, and for shadows
+# without worker-local copies), rows and slots went to the worker and back
+# under the lock.
+TABLE_UPDATES_ON_PS = True
+
+
+def _on_device(value, device: str):
+    """`value` (a tensor or an IndexedSlices) copied to `device`."""
+    with tf.device(device):
+        if isinstance(value, tf.IndexedSlices):
+            return tf.IndexedSlices(tf.identity(value.values), tf.identity(value.indices), value.dense_shape)
+        return tf.identity(value)
+
+
 def _tfra_locked_update(original, optimizer, gradient, shadow):
     if not shadow.params.trainable:
         return tf.no_op()
@@ -607,10 +624,24 @@ def _tfra_locked_update(original, optimizer, gradient, shadow):
     params = shadow.params
 
     admission = _tfra.admission_of(params)
+    device = params.devices[0]
+    on_ps = TABLE_UPDATES_ON_PS and all(_shadows.has_per_worker_copies(buffer) for buffer in [shadow, *slots])
+    if on_ps:
+        # Read from the worker's buffers before the lock, sent once.
+        step_ids = _on_device(shadow.ids.read_value(), device)
+        step_rows = _on_device(shadow.read_value(do_prefetch=False), device)
+        gradient = _on_device(gradient, device)
+        ready = [step_ids, step_rows, *_tensors_of(gradient)]
+    else:
+        ready = _tensors_of(gradient)
 
     def update():
-        ids = shadow.ids.read_value()
-        forward_rows = shadow.read_value(do_prefetch=False)
+        with (_shadows.buffers_on(device, [shadow, *slots]) if on_ps else contextlib.nullcontext()), \
+                (tf.device(device) if on_ps else contextlib.nullcontext()):
+            return locked(*((step_ids, step_rows) if on_ps else (shadow.ids.read_value(),
+                                                                  shadow.read_value(do_prefetch=False))))
+
+    def locked(ids, forward_rows):
         fresh, exists = params.lookup(ids, return_exists=True)
         rows = tf.where(tf.reshape(exists, [-1, 1]), fresh, forward_rows)
         loads = [_shadows.write_buffer(shadow, rows)]
@@ -639,9 +670,8 @@ def _tfra_locked_update(original, optimizer, gradient, shadow):
         return _step_once.once(optimizer, f"tfra/{params.name}", lambda: tf.device(params.devices[0]), update,
                                step.read_value)
 
-    # The lock waits for the gradient (the forward and backward pass); the reads and writes of the worker's
-    # shadow buffers still run under it (an update on the ps would take them out).
-    return _execute_unordered(lock, once, step, ready=_tensors_of(gradient))
+    # The lock waits for the gradient (the forward and backward pass), and on the ps for the step's ids and rows.
+    return _execute_unordered(lock, once, step, ready=ready)
 
 
 def tfra_apply_gradients_fn(optimizer, tfra_fn):

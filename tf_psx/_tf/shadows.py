@@ -4,10 +4,14 @@ TFRA trains a table through per-batch "shadow" buffers. Here: each worker
 gets its own copy of them (`install_per_worker_shadows`), and tf_psx's table
 updates (tf_psx.exact_updates) and sync steps (tf_psx.sync_training) load a
 buffer with rows of their own (`write_buffer`) and tie a shadow's checkpoint
-to its slots (`track_optimizer_slots`), as TFRA's own apply does.
+to its slots (`track_optimizer_slots`), as TFRA's own apply does. Inside
+`buffers_on(device, shadows)` the shadows read and write a buffer on a ps
+task instead (a table's update made there, under its lock).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from tf_psx._tf.runtime import is_parameter_server_strategy
 from tf_psx._tf.tfra import tfra
@@ -22,6 +26,10 @@ _PER_WORKER_SHARED_NAME_PREFIX = "tf_psx_per_worker/"
 
 
 _PER_WORKER_CLASSES: dict[type, type] = {}
+# A shadow's buffer on a ps task while `buffers_on` holds it: the handle tensor of the traced step.
+_ON_PS_ATTR = "_tf_psx_on_ps_handle"
+# Prefix of that buffer's shared_name; the rest is the shadow's unique id.
+_ON_PS_SHARED_NAME_PREFIX = "tf_psx_on_ps/"
 
 
 def outermost_func_graph(graph):
@@ -56,6 +64,9 @@ class _PerWorkerHandle:
 
     @property
     def _handle(self):
+        on_ps = self.__dict__.get(_ON_PS_ATTR)
+        if on_ps is not None:  # inside `buffers_on`
+            return on_ps
         eager_handle = self.__dict__["_tf_psx_eager_handle"]
         from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
         from tensorflow.python.saved_model import save_context  # pylint: disable=import-outside-toplevel
@@ -170,3 +181,33 @@ def write_buffer(buffer, value):
 def track_optimizer_slots(shadow, slots: list) -> None:
     """As TFRA's own apply does: the shadow's checkpoint and restrict policy follow its slots."""
     shadow._track_optimizer_slots(slots)  # pylint: disable=protected-access
+
+
+def has_per_worker_copies(buffer) -> bool:
+    """True when `buffer` is a shadow switched to worker-local copies (`install_per_worker_shadows`)."""
+    return isinstance(buffer, _PerWorkerHandle)
+
+
+@contextlib.contextmanager
+def buffers_on(device: str, buffers: list):
+    """Inside, each of `buffers` (shadows with worker-local copies) is a buffer on `device` instead.
+
+    One buffer per shadow on the task (a `VarHandleOp` with a shared name,
+    made in the graph being traced): shared by every worker's steps, so
+    its user holds a lock while it writes and reads it (the table's,
+    tf_psx.exact_updates). What the optimizer's ops on the shadows then
+    read and write stays on `device`.
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=import-outside-toplevel
+
+    with tf.device(device):
+        for buffer in buffers:
+            buffer.__dict__[_ON_PS_ATTR] = gen_resource_variable_ops.var_handle_op(
+                dtype=buffer.dtype, shape=None,
+                shared_name=f"{_ON_PS_SHARED_NAME_PREFIX}{buffer._unique_id}")  # pylint: disable=protected-access
+    try:
+        yield
+    finally:
+        for buffer in buffers:
+            buffer.__dict__.pop(_ON_PS_ATTR, None)
