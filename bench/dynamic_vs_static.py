@@ -5,17 +5,29 @@ ids per worker step drawn uniformly from 100k ids, dim 32, mean pooling +
 Dense(1), Adam (tf_psx.optimizers.LazyAdam for the static table; TFRA wraps
 tf-keras Adam for the hash table, which is sparse by construction).
 ShardedEmbedding is split fixed:2; DynamicEmbedding puts one hash table on
-each ps. "DynamicEmbedding+policy" adds admission and eviction: min_count=2,
-max_rows=50_000 and TableEviction every 100 steps (so rows are evicted
-during the timed steps). The interleaved method of bench/_common.py: every
-variant runs once per round in a fresh process, the order rotated each
-round; each ratio is taken per round and reported as median and spread
-(min-max). ms/step is wall time per step of the whole cluster, CPU ms/step
-that of the one process (coordinator and in-process servers).
-steps_per_execution=1. Target (issue 30): dynamic / static <= 1.3 with the
-policy off, judged only when the spread does not straddle it.
+each ps. steps_per_execution=1.
 
-`python bench/dynamic_vs_static.py [--rounds N] [--workers 1]`.
+Paired (the default): ShardedEmbedding, DynamicEmbedding (its exact update
+made on the table's ps task, tf_psx.exact_updates.TABLE_UPDATES_ON_PS) and
+"DynamicEmbedding, update on the worker" (the same traced with it off: rows
+and slots to the worker and back under the lock) in one process on one
+cluster, one model each, their timed windows interleaved (bench/_common.py
+time_fits_paired: a variant's number is its fastest window); one process
+per worker count and round, the build order rotated each round; each ratio
+taken per round, reported as median and spread (min-max). ms/step is wall
+time per step of the whole cluster, CPU ms/step that of the one process
+(coordinator and in-process servers).
+
+`--with-singles` also runs, one per process (fastest of WINDOWS windows):
+"DynamicEmbedding+policy" (min_count=2, max_rows=50_000, TableEviction
+every 100 steps, so rows are evicted during the timed steps) and, with 1
+worker, TFRA's own apply (exact_updates=False). Without it their rows are
+kept from the run that measured them, dated.
+
+Target (issue 30): dynamic / static <= 1.3, judged only when the spread
+does not straddle it.
+
+`python bench/dynamic_vs_static.py [--rounds N] [--workers 1 2] [--with-singles]`.
 """
 
 from __future__ import annotations
@@ -29,8 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 NUM_IDS, DIM, IDS_PER_EXAMPLE, BATCH = 100_000, 32, 8, 256
 WARMUP_STEPS = 20
-TIMED_STEPS = 100  # per window; WINDOWS windows per child, the fastest counts
-LAYERS = ("ShardedEmbedding", "DynamicEmbedding", "DynamicEmbedding+policy")
+TIMED_STEPS = 100  # per window (PAIRED_WINDOWS per variant when paired, WINDOWS alone), the fastest counts
 # 1 worker only: TFRA's own apply (exact_updates=False; exact with one worker), to split the hash table's
 # cost into TFRA's lookup and shadow buffers and tf_psx's locked update.
 TFRA_APPLY = "DynamicEmbedding, TFRA's apply"
@@ -38,29 +49,26 @@ WORKERS = (1, 2)
 TARGET = 1.3
 
 
-def child(name: str, workers: str) -> None:
+PAIRED = ("ShardedEmbedding", "DynamicEmbedding", "DynamicEmbedding, update on the worker")
+
+
+def _model(tf, tf_psx, strategy, name: str):
+    """(model, dataset_fn, callbacks) of variant `name`, built in `strategy`'s scope."""
     import numpy as np  # pylint: disable=import-outside-toplevel
 
-    import tf_psx  # pylint: disable=import-outside-toplevel
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    from _common import WINDOWS, time_fit_cpu  # pylint: disable=import-outside-toplevel
-
-    cluster = tf_psx.LocalCluster(num_workers=int(workers), num_ps=2).start()
-    strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2", exact_updates=(name != TFRA_APPLY))
     callbacks = None
     with strategy.scope():
         inputs = tf.keras.Input((IDS_PER_EXAMPLE,), dtype=tf.int64)
         if name == "ShardedEmbedding":
             emb = tf_psx.layers.ShardedEmbedding(NUM_IDS, DIM)(inputs)
             optimizer = tf_psx.optimizers.LazyAdam(0.001)
-        elif name in ("DynamicEmbedding", TFRA_APPLY):
-            emb = tf_psx.layers.DynamicEmbedding(DIM)(inputs)
-            optimizer = tf.keras.optimizers.Adam(0.001)
-        else:
+        elif name == "DynamicEmbedding+policy":
             emb = tf_psx.layers.DynamicEmbedding(DIM, min_count=2, max_rows=50_000)(inputs)
             optimizer = tf.keras.optimizers.Adam(0.001)
             callbacks = [tf_psx.callbacks.TableEviction(every_n_steps=100)]
+        else:
+            emb = tf_psx.layers.DynamicEmbedding(DIM)(inputs)
+            optimizer = tf.keras.optimizers.Adam(0.001)
         pooled = tf.keras.layers.GlobalAveragePooling1D()(emb)
         model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, activation="sigmoid")(pooled))
         model.compile(optimizer, "binary_crossentropy")
@@ -71,51 +79,101 @@ def child(name: str, workers: str) -> None:
     def dataset_fn(_):
         return tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH).prefetch(2)
 
-    ms, cpu, windows = time_fit_cpu(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, {"process": os.getpid()},
-                                    callbacks=callbacks, windows=WINDOWS)
-    print(json.dumps({"ms_per_step": ms, "cpu_ms_per_step": cpu["process"], "windows_ms": windows}), flush=True)
+    return model, dataset_fn, callbacks
+
+
+def child(name: str, workers: str, shift: str) -> None:
+    """`name` "paired": the PAIRED variants in one process (built in an order rotated by `shift`); else one variant."""
+    import tf_psx  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from _common import WINDOWS, time_fit_cpu, time_fits_paired  # pylint: disable=import-outside-toplevel
+    from tf_psx import exact_updates  # pylint: disable=import-outside-toplevel
+
+    cluster = tf_psx.LocalCluster(num_workers=int(workers), num_ps=2).start()
+    strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2", exact_updates=(name != TFRA_APPLY))
+    pids = {"process": os.getpid()}
+    if name != "paired":
+        model, dataset_fn, callbacks = _model(tf, tf_psx, strategy, name)
+        ms, cpu, windows = time_fit_cpu(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, pids,
+                                        callbacks=callbacks, windows=WINDOWS)
+        print(json.dumps({"ms_per_step": ms, "cpu_ms_per_step": cpu["process"], "windows_ms": windows}), flush=True)
+        os._exit(0)  # pylint: disable=protected-access  (in-process servers cannot be stopped)
+    order = PAIRED[int(shift) % len(PAIRED):] + PAIRED[:int(shift) % len(PAIRED)]
+
+    def runner(variant):
+        model, dataset_fn, _ = _model(tf, tf_psx, strategy, variant)
+        on_ps = variant != "DynamicEmbedding, update on the worker"
+
+        def run(steps, callbacks):
+            exact_updates.TABLE_UPDATES_ON_PS = on_ps  # read when the step is traced (its first fit)
+            try:
+                model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1, steps_per_epoch=steps,
+                          verbose=0, callbacks=callbacks)
+            finally:
+                exact_updates.TABLE_UPDATES_ON_PS = True
+
+        return run
+
+    timed = time_fits_paired({variant: runner(variant) for variant in order}, WARMUP_STEPS, TIMED_STEPS, pids)
+    print(json.dumps({variant: {"ms_per_step": result["ms_per_step"],
+                                "cpu_ms_per_step": result["cpu_ms_per_step"]["process"],
+                                "windows_ms": result["windows_ms"]} for variant, result in timed.items()}), flush=True)
     os._exit(0)  # pylint: disable=protected-access  (in-process servers cannot be stopped)
 
 
 def main() -> None:
     import argparse  # pylint: disable=import-outside-toplevel
 
-    from _common import ROUNDS, interleaved, per_round, ratio_row, ratios, spread_text, write_result  # pylint: disable=import-outside-toplevel
+    from _common import (  # pylint: disable=import-outside-toplevel
+        PAIRED_WINDOWS, ROUNDS, interleaved, kept_rows, per_round, ratio_row, ratios, spread_text, write_result)
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--workers", type=int, nargs="*", default=list(WORKERS))
+    parser.add_argument("--with-singles", action="store_true",
+                        help="also DynamicEmbedding+policy and TFRA's own apply, one per process")
     args = parser.parse_args()
-    variants = [(name, workers) for workers in args.workers for name in LAYERS]
-    if 1 in args.workers:
-        variants.append((TFRA_APPLY, 1))
-    runs = interleaved(__file__, variants, args.rounds)
+    variants = [("paired", workers) for workers in args.workers]
+    if args.with_singles:
+        variants += [("DynamicEmbedding+policy", workers) for workers in args.workers]
+        if 1 in args.workers:
+            variants.append((TFRA_APPLY, 1))
+    runs = interleaved(__file__, variants, args.rounds, round_args=lambda index: (index,))
+
+    def times(results: list[dict]) -> str:
+        return (f"{spread_text(per_round(results, 'ms_per_step'))} "
+                f"(CPU {spread_text(per_round(results, 'cpu_ms_per_step'))})")
+
     rows = []
     for workers in args.workers:
-        static, dynamic, policy = (runs[(name, workers)] for name in LAYERS)
-        for name, results in zip(LAYERS, (static, dynamic, policy)):
-            rows.append({"metric": f"{workers} worker(s): {name} ms/step (CPU ms/step)",
-                         "value": f"{spread_text(per_round(results, 'ms_per_step'))} "
-                                  f"(CPU {spread_text(per_round(results, 'cpu_ms_per_step'))})"})
+        paired = {name: [run[name] for run in runs[("paired", workers)]] for name in PAIRED}
+        static, dynamic, on_worker = (paired[name] for name in PAIRED)
+        for name in PAIRED:
+            rows.append({"metric": f"{workers} worker(s): {name} ms/step (CPU ms/step)", "value": times(paired[name])})
         rows.append(ratio_row(f"{workers} worker(s): DynamicEmbedding / ShardedEmbedding",
                               ratios(dynamic, static, "ms_per_step"), TARGET, higher_is_better=False))
-        rows.append(ratio_row(f"{workers} worker(s): with min_count=2, max_rows=50k, eviction every 100 steps / "
-                              "without", ratios(policy, dynamic, "ms_per_step")))
+        rows.append(ratio_row(f"{workers} worker(s): DynamicEmbedding, update on the ps / on the worker",
+                              ratios(dynamic, on_worker, "ms_per_step"), higher_is_better=False))
+        if ("DynamicEmbedding+policy", workers) in runs:
+            policy = runs[("DynamicEmbedding+policy", workers)]
+            rows.append({"metric": f"{workers} worker(s): DynamicEmbedding+policy ms/step (CPU ms/step), alone "
+                                   "in its process", "value": times(policy)})
     if (TFRA_APPLY, 1) in runs:
-        tfra_apply = runs[(TFRA_APPLY, 1)]
-        rows.append({"metric": f"1 worker: {TFRA_APPLY} (exact_updates=False) ms/step (CPU ms/step)",
-                     "value": f"{spread_text(per_round(tfra_apply, 'ms_per_step'))} "
-                              f"(CPU {spread_text(per_round(tfra_apply, 'cpu_ms_per_step'))})"})
-        rows.append(ratio_row(f"1 worker: {TFRA_APPLY} / ShardedEmbedding (TFRA's lookup and shadow buffers, "
-                              "without tf_psx's locked update)", ratios(tfra_apply, runs[("ShardedEmbedding", 1)], "ms_per_step")))
+        rows.append({"metric": f"1 worker: {TFRA_APPLY} (exact_updates=False) ms/step (CPU ms/step), alone in its "
+                               "process", "value": times(runs[(TFRA_APPLY, 1)])})
+    rows += kept_rows("dynamic_vs_static", rows)
     write_result(
         "dynamic_vs_static",
-        f"`model.fit` ms/step (whole cluster; a child's: the fastest of 5 windows of {TIMED_STEPS} steps after "
-        f"{WARMUP_STEPS} warm-up steps), steps_per_execution=1; {args.rounds} interleaved rounds of fresh processes, ratios per round (median, "
-        f"min-max); in-process LocalCluster with 1 or 2 workers and 2 ps; batch {BATCH} x "
+        f"`model.fit` ms/step (whole cluster), steps_per_execution=1; ShardedEmbedding, DynamicEmbedding and "
+        f"DynamicEmbedding with its update on the worker in one process on one cluster, their windows "
+        f"interleaved: {PAIRED_WINDOWS} windows of {TIMED_STEPS} steps each after {WARMUP_STEPS} warm-up steps, "
+        "a variant's number its fastest window (bench/_common.py time_fits_paired); "
+        f"{args.rounds} rounds of fresh processes (build order rotated), ratios per round (median, min-max); "
+        f"in-process LocalCluster with 1 or 2 workers and 2 ps; batch {BATCH} x "
         f"{IDS_PER_EXAMPLE} ids per worker step, uniform over {NUM_IDS:,}, dim {DIM}, mean pooling + Dense(1); "
-        "ShardedEmbedding (fixed:2, LazyAdam) against DynamicEmbedding (a TFRA table per ps, Adam), and "
-        "DynamicEmbedding with min_count=2, max_rows=50,000 and TableEviction every 100 steps.",
+        "ShardedEmbedding (fixed:2, LazyAdam) against DynamicEmbedding (a TFRA table per ps, Adam). "
+        "Rows named 'alone in its process' (--with-singles): that variant alone, the fastest of 5 windows.",
         rows,
         extra={" ".join(map(str, key)): value for key, value in runs.items()},
     )
@@ -124,4 +182,4 @@ def main() -> None:
 if __name__ == "__main__":
     from _common import entry  # pylint: disable=import-outside-toplevel
 
-    entry(child, main, 2)
+    entry(child, main, 3)
