@@ -15,7 +15,7 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"
 
 
-def write_result(name: str, setup: str, rows: list[dict], extra: dict | None = None) -> str:
+def write_result(name: str, setup: str, rows: list[dict], extra: dict | None = None, date: str | None = None) -> str:
     """Writes bench/results/<name>.json and returns its path.
 
     Args:
@@ -24,6 +24,9 @@ def write_result(name: str, setup: str, rows: list[dict], extra: dict | None = N
       rows: dicts with "metric", "value" and optionally "unit", "target" (a
         string such as ">= 0.98") and "ok" (bool, or None when no target).
       extra: any raw measurements worth keeping.
+      date: the date of the runs the rows come from ("YYYY-MM-DD HH:MM
+        UTC"); None: now. Rows rewritten from saved runs keep their runs'
+        date (`saved_date`).
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -33,7 +36,7 @@ def write_result(name: str, setup: str, rows: list[dict], extra: dict | None = N
         "setup": setup,
         "machine": machine(),
         "tensorflow": tf.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "rows": rows,
         "raw": extra or {},
     }
@@ -410,6 +413,12 @@ def kept_rows(name: str, new_rows: list[dict], only_kept: bool = False) -> list[
         if not only_kept:
             kept.append(dict(row, value=f"{row['value']} [kept from the run of {previous['date']}]"))
     return kept
+
+
+def saved_date(name: str) -> str:
+    """The date of the runs in bench/results/<name>.json (for `write_result` when only its rows are rewritten)."""
+    with open(os.path.join(RESULTS_DIR, f"{name}.json"), encoding="utf-8") as handle:
+        return json.load(handle)["date"]
 
 
 def saved_runs(name: str, arity: int) -> dict:

@@ -27,7 +27,10 @@ kept from the run that measured them, dated.
 Target (issue 30): dynamic / static <= 1.3, judged only when the spread
 does not straddle it.
 
-`python bench/dynamic_vs_static.py [--rounds N] [--workers 1 2] [--with-singles]`.
+`--split` also pairs each table with its layer frozen (trainable=False), 1 worker: the
+step without the table's update, to split its cost into lookup and update.
+
+`python bench/dynamic_vs_static.py [--rounds N] [--workers 1 2] [--with-singles] [--split]`.
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ TARGET = 1.3
 
 
 PAIRED = ("ShardedEmbedding", "DynamicEmbedding", "DynamicEmbedding, update on the worker")
+# `--split`: each table also with its layer frozen (trainable=False: the lookup and the rest of the step, no
+# update of the table), to split a step into the table's lookup and its update. 1 worker, paired.
+FROZEN = " (frozen)"
+SPLIT = ("ShardedEmbedding", "ShardedEmbedding" + FROZEN, "DynamicEmbedding", "DynamicEmbedding" + FROZEN)
 
 
 def _model(tf, tf_psx, strategy, name: str):
@@ -57,18 +64,22 @@ def _model(tf, tf_psx, strategy, name: str):
     import numpy as np  # pylint: disable=import-outside-toplevel
 
     callbacks = None
+    frozen = name.endswith(FROZEN)
+    name = name[: -len(FROZEN)] if frozen else name
     with strategy.scope():
         inputs = tf.keras.Input((IDS_PER_EXAMPLE,), dtype=tf.int64)
         if name == "ShardedEmbedding":
-            emb = tf_psx.layers.ShardedEmbedding(NUM_IDS, DIM)(inputs)
+            layer = tf_psx.layers.ShardedEmbedding(NUM_IDS, DIM)
             optimizer = tf_psx.optimizers.LazyAdam(0.001)
         elif name == "DynamicEmbedding+policy":
-            emb = tf_psx.layers.DynamicEmbedding(DIM, min_count=2, max_rows=50_000)(inputs)
+            layer = tf_psx.layers.DynamicEmbedding(DIM, min_count=2, max_rows=50_000)
             optimizer = tf.keras.optimizers.Adam(0.001)
             callbacks = [tf_psx.callbacks.TableEviction(every_n_steps=100)]
         else:
-            emb = tf_psx.layers.DynamicEmbedding(DIM)(inputs)
+            layer = tf_psx.layers.DynamicEmbedding(DIM)
             optimizer = tf.keras.optimizers.Adam(0.001)
+        layer.trainable = not frozen
+        emb = layer(inputs)
         pooled = tf.keras.layers.GlobalAveragePooling1D()(emb)
         model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, activation="sigmoid")(pooled))
         model.compile(optimizer, "binary_crossentropy")
@@ -93,13 +104,14 @@ def child(name: str, workers: str, shift: str) -> None:
     cluster = tf_psx.LocalCluster(num_workers=int(workers), num_ps=2).start()
     strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2", exact_updates=(name != TFRA_APPLY))
     pids = {"process": os.getpid()}
-    if name != "paired":
+    if name not in ("paired", "split"):
         model, dataset_fn, callbacks = _model(tf, tf_psx, strategy, name)
         ms, cpu, windows = time_fit_cpu(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, pids,
                                         callbacks=callbacks, windows=WINDOWS)
         print(json.dumps({"ms_per_step": ms, "cpu_ms_per_step": cpu["process"], "windows_ms": windows}), flush=True)
         os._exit(0)  # pylint: disable=protected-access  (in-process servers cannot be stopped)
-    order = PAIRED[int(shift) % len(PAIRED):] + PAIRED[:int(shift) % len(PAIRED)]
+    names = PAIRED if name == "paired" else SPLIT
+    order = names[int(shift) % len(names):] + names[:int(shift) % len(names)]
 
     def runner(variant):
         model, dataset_fn, _ = _model(tf, tf_psx, strategy, variant)
@@ -133,8 +145,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="*", default=list(WORKERS))
     parser.add_argument("--with-singles", action="store_true",
                         help="also DynamicEmbedding+policy and TFRA's own apply, one per process")
+    parser.add_argument("--split", action="store_true",
+                        help="also each table frozen (lookup without update), paired, 1 worker")
     args = parser.parse_args()
     variants = [("paired", workers) for workers in args.workers]
+    if args.split:
+        variants.append(("split", 1))
     if args.with_singles:
         variants += [("DynamicEmbedding+policy", workers) for workers in args.workers]
         if 1 in args.workers:
@@ -159,6 +175,18 @@ def main() -> None:
             policy = runs[("DynamicEmbedding+policy", workers)]
             rows.append({"metric": f"{workers} worker(s): DynamicEmbedding+policy ms/step (CPU ms/step), alone "
                                    "in its process", "value": times(policy)})
+    if ("split", 1) in runs:
+        split = {name: [run[name] for run in runs[("split", 1)]] for name in SPLIT}
+        for name in SPLIT:
+            rows.append({"metric": f"1 worker, split: {name} ms/step (CPU ms/step)", "value": times(split[name])})
+        for table in ("ShardedEmbedding", "DynamicEmbedding"):
+            rows.append(ratio_row(f"1 worker, split: {table}, the table's update / the whole step (ms/step: 1 - "
+                                  "frozen / trained)", [1 - f["ms_per_step"] / t["ms_per_step"] for f, t in
+                                                       zip(split[table + FROZEN], split[table])]))
+        rows.append(ratio_row("1 worker, split: frozen DynamicEmbedding / frozen ShardedEmbedding (the lookups and "
+                              "the rest of the step, no table update)",
+                              ratios(split["DynamicEmbedding" + FROZEN], split["ShardedEmbedding" + FROZEN],
+                                     "ms_per_step")))
     if (TFRA_APPLY, 1) in runs:
         rows.append({"metric": f"1 worker: {TFRA_APPLY} (exact_updates=False) ms/step (CPU ms/step), alone in its "
                                "process", "value": times(runs[(TFRA_APPLY, 1)])})
@@ -173,10 +201,25 @@ def main() -> None:
         f"in-process LocalCluster with 1 or 2 workers and 2 ps; batch {BATCH} x "
         f"{IDS_PER_EXAMPLE} ids per worker step, uniform over {NUM_IDS:,}, dim {DIM}, mean pooling + Dense(1); "
         "ShardedEmbedding (fixed:2, LazyAdam) against DynamicEmbedding (a TFRA table per ps, Adam). "
-        "Rows named 'alone in its process' (--with-singles): that variant alone, the fastest of 5 windows.",
+        "Rows named 'alone in its process' (--with-singles): that variant alone, the fastest of 5 windows. "
+        "Rows named 'split' (--split): ShardedEmbedding and DynamicEmbedding each also with its layer frozen "
+        "(trainable=False: the lookup and the rest of the step, no table update), the four paired in one "
+        "process, 1 worker.",
         rows,
-        extra={" ".join(map(str, key)): value for key, value in runs.items()},
+        # The raw runs of the rows kept from earlier runs stay beside this run's.
+        extra={**_saved_raw(), **{" ".join(map(str, key)): value for key, value in runs.items()}},
     )
+
+
+def _saved_raw() -> dict:
+    """The raw runs of the last bench/results/dynamic_vs_static.json, or {}."""
+    from _common import RESULTS_DIR  # pylint: disable=import-outside-toplevel
+
+    path = os.path.join(RESULTS_DIR, "dynamic_vs_static.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle).get("raw", {})
 
 
 if __name__ == "__main__":

@@ -233,7 +233,7 @@ def main() -> None:
     import statistics  # pylint: disable=import-outside-toplevel
 
     from _common import (  # pylint: disable=import-outside-toplevel
-        add_images, interleaved, kept_rows, per_round, ratio_row, ratios, saved_runs, spread_text,
+        add_images, interleaved, kept_rows, per_round, ratio_row, ratios, saved_date, saved_runs, spread_text,
         write_result)
 
     parser = argparse.ArgumentParser()
@@ -335,6 +335,7 @@ def main() -> None:
         "floor = the stage with the embeddings replaced by a constant.",
         rows,
         extra={" ".join(map(str, key)): value for key, value in runs.items()},
+        date=saved_date("fused_embeddings") if args.rows else None,
     )
     if args.full:
         add_images(path, ["img/fused_embeddings.png"])

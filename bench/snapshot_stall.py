@@ -75,7 +75,7 @@ def main() -> None:
     import argparse  # pylint: disable=import-outside-toplevel
 
     from _common import (  # pylint: disable=import-outside-toplevel
-        ROUNDS, interleaved, per_round, ratio_row, ratios, saved_runs, spread_text, write_result)
+        ROUNDS, interleaved, per_round, ratio_row, ratios, saved_date, saved_runs, spread_text, write_result)
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=ROUNDS)
@@ -113,6 +113,7 @@ def main() -> None:
         "(none / sync / background), ratios per round, median and spread (min-max).",
         rows,
         extra={key[0]: value for key, value in runs.items()},
+        date=saved_date("snapshot_stall") if args.rows else None,
     )
 
 

@@ -52,6 +52,18 @@ def test_rows_not_re_measured_are_kept_with_their_date(tmp_path, monkeypatch):
     assert common.kept_rows("again", []) == kept  # a row kept before keeps its own run's date
 
 
+def test_rows_rewritten_from_saved_runs_keep_the_runs_date(tmp_path, monkeypatch):
+    import json  # pylint: disable=import-outside-toplevel
+
+    common = _common()
+    monkeypatch.setattr(common, "RESULTS_DIR", str(tmp_path))
+    (tmp_path / "demo.json").write_text('{"date": "2026-12-01 10:00 UTC", "rows": [], "raw": {}}')
+    common.write_result("demo", "setup", [{"metric": "a", "value": 1}], date=common.saved_date("demo"))
+    assert json.loads((tmp_path / "demo.json").read_text())["date"] == "2026-12-01 10:00 UTC"
+    common.write_result("demo", "setup", [{"metric": "a", "value": 1}])  # a new run: now
+    assert json.loads((tmp_path / "demo.json").read_text())["date"] != "2026-12-01 10:00 UTC"
+
+
 def test_paired_variants_alternate_windows_in_one_process_and_keep_each_ones_fastest(monkeypatch):
     import time  # pylint: disable=import-outside-toplevel
 
