@@ -138,7 +138,8 @@ def main() -> None:
     import argparse  # pylint: disable=import-outside-toplevel
 
     from _common import (  # pylint: disable=import-outside-toplevel
-        PAIRED_WINDOWS, ROUNDS, interleaved, kept_rows, per_round, ratio_row, ratios, spread_text, write_result)
+        PAIRED_WINDOWS, ROUNDS, interleaved, kept_rows, per_round, ratio_row, ratios, saved_raw, spread_text,
+        write_result)
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=ROUNDS)
@@ -207,19 +208,8 @@ def main() -> None:
         "process, 1 worker.",
         rows,
         # The raw runs of the rows kept from earlier runs stay beside this run's.
-        extra={**_saved_raw(), **{" ".join(map(str, key)): value for key, value in runs.items()}},
+        extra={**saved_raw("dynamic_vs_static"), **{" ".join(map(str, key)): value for key, value in runs.items()}},
     )
-
-
-def _saved_raw() -> dict:
-    """The raw runs of the last bench/results/dynamic_vs_static.json, or {}."""
-    from _common import RESULTS_DIR  # pylint: disable=import-outside-toplevel
-
-    path = os.path.join(RESULTS_DIR, "dynamic_vs_static.json")
-    if not os.path.exists(path):
-        return {}
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle).get("raw", {})
 
 
 if __name__ == "__main__":

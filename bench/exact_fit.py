@@ -34,14 +34,14 @@ Variants, each in a fresh process:
   under its own lock and ring (`tf_psx.exact_updates.FOLD_ITERATIONS`
   off): what making it in its ps task's unit of dense updates saves.
 
-By default (`--variants paired,paired_straggler`) the comparisons run
+By default (`--variants paired,paired_straggler,paired_spe10`) the comparisons run
 paired: creator, exact_dataset, exact_arrays, exact_arrays_notokens and
 exact_arrays_unfolded in one process on one cluster (one model for the
 first three, one more for each of the last two, traced with tokens off or
 the bump apart), their timed epochs interleaved, PAIRED_WINDOWS
 each, a variant's number its fastest epoch (bench/_common.py
 time_fits_paired); the two straggler variants likewise in a process of
-their own. Any other variant named runs alone in its process: one warm-up
+their own, and creator_spe10 and exact_dataset_spe10 in another. Any other variant named runs alone in its process: one warm-up
 epoch (the trace), then the timed one. The examples/s and the CPU ms per
 step of every process are read over a timed epoch of `--steps` batches
 (400 by default: runs with 100, about 2.5 s timed, moved the per-worker
@@ -158,7 +158,8 @@ def child(variant: str) -> None:
 
 PAIRED_WINDOWS = 4  # timed windows (epochs of STEPS batches) per variant of a paired child
 PAIRED = {"paired": ["creator", "exact_dataset", "exact_arrays", "exact_arrays_notokens", "exact_arrays_unfolded"],
-          "paired_straggler": ["creator_straggler", "exact_arrays_straggler"]}
+          "paired_straggler": ["creator_straggler", "exact_arrays_straggler"],
+          "paired_spe10": ["creator_spe10", "exact_dataset_spe10"]}
 
 
 def paired_child(kind: str) -> None:
@@ -182,6 +183,8 @@ def paired_child(kind: str) -> None:
     try:
         with strategy.scope():
             model, _, _ = build("fused", 26)
+            if kind.endswith("spe10"):
+                model.compile(model.optimizer, model.loss, steps_per_execution=10)
             untokened = build("fused", 26)[0] if "exact_arrays_notokens" in names else None
             unfolded = build("fused", 26)[0] if "exact_arrays_unfolded" in names else None
         ids, dense, labels = batches(26, STEPS)
@@ -205,7 +208,8 @@ def paired_child(kind: str) -> None:
             x, y = head(steps)
             which.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
 
-        runners = {"creator": creator, "creator_straggler": creator, "exact_dataset": exact_dataset,
+        runners = {"creator": creator, "creator_straggler": creator, "creator_spe10": creator,
+                   "exact_dataset": exact_dataset, "exact_dataset_spe10": exact_dataset,
                    "exact_arrays": exact_arrays, "exact_arrays_straggler": exact_arrays,
                    "exact_arrays_notokens": lambda steps, callbacks: exact_arrays(steps, callbacks, untokened),
                    "exact_arrays_unfolded": lambda steps, callbacks: exact_arrays(steps, callbacks, unfolded)}
@@ -251,7 +255,7 @@ def main() -> None:
     """`python bench/exact_fit.py [--variants a,b,...]`: every variant, or a part (the other rows are kept, dated)."""
     import argparse  # pylint: disable=import-outside-toplevel
 
-    from _common import kept_rows, machine, ratio_row, write_result  # pylint: disable=import-outside-toplevel
+    from _common import kept_rows, machine, ratio_row, saved_raw, write_result  # pylint: disable=import-outside-toplevel
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--variants", default=",".join(PAIRED),
@@ -309,15 +313,12 @@ def main() -> None:
              f"{WORKERS} workers + 2 ps task processes, steps_per_execution=1 (10 where named), prefetch 4; "
              f"{rounds} rounds of fresh processes; median and spread (min-max) of the per-round ratios. "
              f"{', '.join(PAIRED['paired'])} (and, with worker 0 stopped 20 ms of every 30 ms, "
-             f"{', '.join(PAIRED['paired_straggler'])}) run in one process on one cluster, their timed epochs "
+             f"{', '.join(PAIRED['paired_straggler'])}; and, at steps_per_execution=10, "
+             f"{', '.join(PAIRED['paired_spe10'])}) run in one process on one cluster, their timed epochs "
              f"of {options.steps} steps interleaved ({PAIRED_WINDOWS} each, a variant's number its fastest; "
              "bench/_common.py time_fits_paired); other variants one per process, one timed epoch of "
              f"{options.steps} steps after a warm-up epoch")
     setup += f"; this run measured {', '.join(chosen)}, the other rows are kept from earlier runs"
-    write_result("exact_fit", setup, rows + kept_rows("exact_fit", rows), extra={"runs": runs, "machine": machine()})
-
-
-if __name__ == "__main__":
-    from _common import entry  # pylint: disable=import-outside-toplevel
-
-    entry(child, main, 1)
+    # The raw runs of the rows kept from earlier runs stay beside this run's.
+    write_result("exact_fit", setup, rows + kept_rows("exact_fit", rows),
+                 extra={"runs": {**saved_raw("exact_fit").get("runs", {}), **runs}, "machine": machine()})
