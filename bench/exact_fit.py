@@ -322,3 +322,9 @@ def main() -> None:
     # The raw runs of the rows kept from earlier runs stay beside this run's.
     write_result("exact_fit", setup, rows + kept_rows("exact_fit", rows),
                  extra={"runs": {**saved_raw("exact_fit").get("runs", {}), **runs}, "machine": machine()})
+
+
+if __name__ == "__main__":
+    from _common import entry  # pylint: disable=import-outside-toplevel
+
+    entry(child, main, 1)
