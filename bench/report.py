@@ -120,11 +120,15 @@ SUMMARY = {
     "dynamic_vs_static": (
         "Does a hash-table embedding (TFRA DynamicEmbedding) train as fast as a fixed sharded table?",
         "1 worker(s): DynamicEmbedding / ShardedEmbedding",
-        "Run of 2026-12-06 03:01 (3 rounds, one variant per process): 1.98 (1.98-2.28) with 1 worker, 2.08 "
-        "(1.96-2.5) with 2. The gap is TFRA's own lookup and shadow buffers: TFRA's own apply, without tf_psx's "
-        "lock (exact_updates=False), is 2.04x (1.77-2.3) by itself, so tf_psx's locked update adds nothing "
-        "beyond the spread. Applying the update on the ps (not built) would remove only the locked part; the "
-        "target needs a lookup path without TFRA's per-step shadow buffers."),
+        "Run of 2026-12-06 04:27, paired (ShardedEmbedding, DynamicEmbedding and DynamicEmbedding with its update "
+        "on the worker in one process per worker count, windows interleaved; 5 rounds): 1.97 (1.8-2.07) with 1 "
+        "worker, 2.01 (1.77-2.12) with 2, after the exact table update moved to the table's ps task (the update "
+        "on the ps / on the worker: 0.94 and 0.95 of the ms per step). The split run (each table also frozen, "
+        "trainable=False: the step without the table's update) puts 0.42 of DynamicEmbedding's step in the "
+        "table's update (about 6 ms; ShardedEmbedding's update: 0.16, about 1 ms) and the rest 1.41x "
+        "ShardedEmbedding's: three lookups and three upserts (row, Adam's m and v), each partitioned over the "
+        "shards and stitched back. Meeting 1.3 needs the update near 1.2 ms: one partition, each shard's update "
+        "on its own ps task (not built)."),
     "vocab_scaling": (
         "Does the cost of a step follow the rows touched, not the table size (10k -> 2M rows)?",
         "tf_psx SGD momentum",
@@ -184,6 +188,10 @@ SUMMARY = {
     "elastic": (
         "How long does `tf-psx scale` take, and how much work is trained again?",
         "scale command -> first applied step", ""),
+    "exact_resume": (
+        "After a chief killed mid-epoch is relaunched, how soon does training resume, and is any example trained "
+        "twice?",
+        "relaunch command -> first applied step", ""),
     "tls_tunnel": (
         "What does mutual TLS between tasks cost in throughput and latency?",
         "TLS tunnels / plain relay, throughput", ""),

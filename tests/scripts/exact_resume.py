@@ -11,8 +11,10 @@ step) and its `fit` continues the same epoch at that step: the coordinator
 reads the dataset and skips the batches the snapshot holds, so the steps
 applied after the snapshot are rolled back with the weights and fed again.
 
-Prints "fit start step=S pid=P" (S: the newest snapshot's step) and, at the
-end, "RESULT {json}" with the rows. The snapshots (snapshot-N) in
+Prints "fit start step=S pid=P" (S: the newest snapshot's step), "first
+applied step t=T" (T: time.time() once `iterations` has passed S: the
+first step of this run applied on the ps; bench/exact_resume.py reads it)
+and, at the end, "RESULT {json}" with the rows. The snapshots (snapshot-N) in
 $TF_PSX_SNAPSHOT_DIR show its progress.
 """
 
@@ -45,6 +47,27 @@ class _Sleep(tf.keras.callbacks.Callback):
         time.sleep(self.seconds)
 
 
+class _FirstApplied(tf.keras.callbacks.Callback):
+    """Prints when the first step of this run is applied (`iterations` past `start`), once, within 60 s."""
+
+    def __init__(self, start: int):
+        super().__init__()
+        self.start, self.done = start, False
+        self._supports_tf_logs = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.done:
+            return
+        self.done = True
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if int(self.model.optimizer.iterations.numpy()) > self.start:
+                print(f"first applied step t={time.time():.3f}", flush=True)
+                return
+            time.sleep(0.005)
+        print("first applied step not seen within 60 s", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--every", type=int, default=10)
@@ -64,7 +87,7 @@ def main():
     start = max((s.step for s in snapshots), default=0)
     print(f"fit start step={start} pid={os.getpid()}", flush=True)
     sync = tf_psx.callbacks.PeriodicSync(args.every, directory, max_to_keep=KEEP)
-    callbacks = [sync] + ([_Sleep(args.step_sleep)] if args.step_sleep else [])
+    callbacks = [sync, _FirstApplied(start)] + ([_Sleep(args.step_sleep)] if args.step_sleep else [])
     history = model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks)
     weights = model.get_layer("records").get_weights()[0][:, 0]
     print("RESULT " + json.dumps({"start": start, "done": int(model.optimizer.iterations.numpy()),
