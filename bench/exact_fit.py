@@ -255,13 +255,16 @@ def main() -> None:
     """`python bench/exact_fit.py [--variants a,b,...]`: every variant, or a part (the other rows are kept, dated)."""
     import argparse  # pylint: disable=import-outside-toplevel
 
-    from _common import kept_rows, machine, ratio_row, saved_raw, write_result  # pylint: disable=import-outside-toplevel
+    from _common import (  # pylint: disable=import-outside-toplevel
+        kept_rows, machine, ratio_row, saved_date, saved_raw, write_result)
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--variants", default=",".join(PAIRED),
                         help="comma-separated, of: " + ", ".join(list(PAIRED) + VARIANTS))
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--steps", type=int, default=STEPS, help="batches per epoch (the timed epoch's steps)")
+    parser.add_argument("--rows", action="store_true",
+                        help="rewrite the rows from the raw runs the last result holds (partial runs merged; no run)")
     options = parser.parse_args()
     chosen, rounds = options.variants.split(","), options.rounds
     os.environ["TF_PSX_EXACT_FIT_STEPS"] = str(options.steps)
@@ -270,7 +273,11 @@ def main() -> None:
         raise SystemExit(f"exact_fit: unknown variant(s) {unknown}; choose from {list(PAIRED) + VARIANTS}")
     chosen = [v for v in list(PAIRED) + VARIANTS if v in chosen]
     runs: dict[str, list[dict]] = {v: [] for v in chosen}
-    for round_index in range(rounds):
+    if options.rows:
+        runs = saved_raw("exact_fit").get("runs", {})
+        chosen = [v for v in VARIANTS if v in runs]
+        rounds = min(len(value) for value in runs.values())
+    for round_index in range(0 if options.rows else rounds):
         order = chosen[round_index % len(chosen):] + chosen[:round_index % len(chosen)]
         for variant in order:
             result = _run(variant)
@@ -318,10 +325,15 @@ def main() -> None:
              f"of {options.steps} steps interleaved ({PAIRED_WINDOWS} each, a variant's number its fastest; "
              "bench/_common.py time_fits_paired); other variants one per process, one timed epoch of "
              f"{options.steps} steps after a warm-up epoch")
-    setup += f"; this run measured {', '.join(chosen)}, the other rows are kept from earlier runs"
+    if options.rows:
+        setup += ("; rows rewritten from the raw runs this file holds (partial runs of this date and before, each "
+                  "variant's own rounds)")
+    else:
+        setup += f"; this run measured {', '.join(chosen)}, the other rows are kept from earlier runs"
     # The raw runs of the rows kept from earlier runs stay beside this run's.
-    write_result("exact_fit", setup, rows + kept_rows("exact_fit", rows),
-                 extra={"runs": {**saved_raw("exact_fit").get("runs", {}), **runs}, "machine": machine()})
+    write_result("exact_fit", setup, rows + kept_rows("exact_fit", rows, only_kept=options.rows),
+                 extra={"runs": {**saved_raw("exact_fit").get("runs", {}), **runs}, "machine": machine()},
+                 date=saved_date("exact_fit") if options.rows else None)
 
 
 if __name__ == "__main__":

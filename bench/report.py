@@ -39,7 +39,7 @@ setup says so. A child's number is the fastest of its 5 timed windows: a
 disturbance only adds time, and this machine's own speed moves (a fixed
 numpy job on the idle machine ran at 0.67x its usual rate for 2.5 s at a
 time, with no steal shown by vmstat). Where the variants can share a
-process (`vocab_scaling`, and `fused_embeddings`' core comparison), they do:
+process (`vocab_scaling`, `dynamic_vs_static`, `exact_fit`, and `fused_embeddings`' core comparison), they do:
 one model per variant on one cluster, their timed windows interleaved
 (A B, B A, ...; `bench/_common.py` `time_fits_paired`), each variant's
 number its fastest window, and the rounds are fresh processes with the
@@ -89,19 +89,17 @@ SUMMARY = {
     "exact_fit": (
         "Does an exact `fit` epoch (every example once) cost speed against each worker reading its own part?",
         "exact arrays / per-worker, equal workers",
-        "Run of 2026-12-06 02:08, paired (creator, exact dataset, exact arrays and exact arrays without tokens in "
-        "one process per round, timed epochs of 400 steps interleaved; the straggler pair likewise; 3 rounds), "
-        "after a DatasetCreator fit's dense updates became one unit per ps task as a fed step's are: exact arrays "
-        "1.07 (1.01-1.10) and with one 3x straggler 1.06 (1.00-1.10) met; exact dataset 0.986 (0.93-1.02) "
-        "straddles 0.95, not judged. The run of 2026-12-05 22:57 (one variant per process, 3 rounds, before the "
-        "grouping) gave exact dataset 0.896 (0.894-0.91), a miss; the two methods disagree for the dataset and "
-        "agree that exact arrays meets. The coordinator runs the user's pipeline: 8.6-9.2 CPU ms per step "
-        "against 5.2-5.3 for arrays and 3.8-4.2 for the per-worker path. Step tokens on / off 0.873 "
-        "(0.871-0.874): with tokens ps:0 spends 8.8-9.2 CPU ms per step against 5.5-5.7 without, ps:1 6.5-6.9 "
-        "against 6.3-6.6. At steps_per_execution=10 (run of 15:02, kept; there a step carries no token, so a "
-        "crash re-run can count twice) exact dataset gave 0.97 (0.90-1.00), not judged. Over a tf.data service "
-        "on the same 2 cores the dispatcher and the data worker cost 50-55 CPU ms per step: it pays only with "
-        "readers on other hosts."),
+        "Runs of 2026-12-06 05:19 and 05:38, paired (creator, exact dataset, exact arrays, exact arrays without "
+        "tokens and with the iterations bump apart in one process per round, timed epochs of 400 steps "
+        "interleaved; the straggler pair and the steps_per_execution=10 pair likewise; 5 rounds), after a fed "
+        "step's iterations bump joined its ps task's unit of dense updates: every target met. Exact dataset "
+        "1.05 (1.01-1.06), at steps_per_execution=10 0.98 (0.96-1.04); exact arrays 1.14 (1.02-1.18), with one "
+        "3x straggler 1.07 (1.03-1.13). The fold is worth 1.07x (1.04-1.11) and about 1.7 ps CPU ms per step; "
+        "step tokens on / off 0.91 (0.906-0.935; 0.873 before it). The coordinator runs the user's pipeline: "
+        "8.4-9.3 CPU ms per step against 5.3-5.7 for arrays and 3.9-4.7 for the per-worker path. The run of "
+        "2026-12-05 22:57 (one variant per process, before the grouping and the fold) gave exact dataset 0.896. "
+        "Over a tf.data service on the same 2 cores the dispatcher and the data worker cost 50-55 CPU ms per "
+        "step: it pays only with readers on other hosts."),
     "overhead": (
         "Does tf_psx's strategy cost speed against raw TF on the same cluster?",
         "ratio tf_psx / raw TF", ""),
@@ -120,7 +118,7 @@ SUMMARY = {
     "dynamic_vs_static": (
         "Does a hash-table embedding (TFRA DynamicEmbedding) train as fast as a fixed sharded table?",
         "1 worker(s): DynamicEmbedding / ShardedEmbedding",
-        "Run of 2026-12-06 04:27, paired (ShardedEmbedding, DynamicEmbedding and DynamicEmbedding with its update "
+        "Run of 2026-12-06 04:40, paired (ShardedEmbedding, DynamicEmbedding and DynamicEmbedding with its update "
         "on the worker in one process per worker count, windows interleaved; 5 rounds): 1.97 (1.8-2.07) with 1 "
         "worker, 2.01 (1.77-2.12) with 2, after the exact table update moved to the table's ps task (the update "
         "on the ps / on the worker: 0.94 and 0.95 of the ms per step). The split run (each table also frozen, "
