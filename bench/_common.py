@@ -415,19 +415,23 @@ def kept_rows(name: str, new_rows: list[dict], only_kept: bool = False) -> list[
     return kept
 
 
-def saved_raw(name: str) -> dict:
-    """The raw part of the last bench/results/<name>.json, or {} (kept beside a partial run's own raw runs)."""
+def _saved(name: str) -> dict | None:
+    """The last bench/results/<name>.json, or None."""
     path = os.path.join(RESULTS_DIR, f"{name}.json")
     if not os.path.exists(path):
-        return {}
+        return None
     with open(path, encoding="utf-8") as handle:
-        return json.load(handle).get("raw", {})
+        return json.load(handle)
+
+
+def saved_raw(name: str) -> dict:
+    """The raw part of the last bench/results/<name>.json, or {} (kept beside a partial run's own raw runs)."""
+    return (_saved(name) or {}).get("raw", {})
 
 
 def saved_date(name: str) -> str:
     """The date of the runs in bench/results/<name>.json (for `write_result` when only its rows are rewritten)."""
-    with open(os.path.join(RESULTS_DIR, f"{name}.json"), encoding="utf-8") as handle:
-        return json.load(handle)["date"]
+    return _saved(name)["date"]
 
 
 def saved_runs(name: str, arity: int) -> dict:

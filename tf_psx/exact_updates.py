@@ -174,11 +174,12 @@ def _state_for(optimizer, variable):
     return _state(optimizer, _door.var_key(optimizer, variable), _scope_of(variable), variable.device)
 
 
-def _on_variable_device(gradient, variable):
-    with tf.device(variable.device):
-        if isinstance(gradient, tf.IndexedSlices):
-            return tf.IndexedSlices(tf.identity(gradient.values), tf.identity(gradient.indices), gradient.dense_shape)
-        return tf.identity(gradient)
+def _on_device(value, device: str):
+    """`value` (a tensor or an IndexedSlices) copied to `device`."""
+    with tf.device(device):
+        if isinstance(value, tf.IndexedSlices):
+            return tf.IndexedSlices(tf.identity(value.values), tf.identity(value.indices), value.dense_shape)
+        return tf.identity(value)
 
 
 def _tensors_of(value) -> list:
@@ -270,7 +271,7 @@ def _locked_update(original, optimizer, gradient, variable):
     lock, step = _state_for(optimizer, variable)
     if grouped:
         lock = _device_lock(optimizer, variable.device)  # a grouped variable is updated under its ps task's lock only
-    gradient = _on_variable_device(gradient, variable)
+    gradient = _on_device(gradient, variable.device)
 
     def run():
         original(optimizer, gradient, variable)
@@ -435,7 +436,7 @@ def _grouped_update(optimizer, device: str, entries: list, bump=None):
     strategy = tf.distribute.get_strategy()
     variables = [variable for _, _, variable in entries]
     steps = [_state_for(optimizer, variable)[1] for variable in variables]
-    gradients = [_on_variable_device(gradient, variable) for (_, gradient, variable) in entries]
+    gradients = [_on_device(gradient, variable.device) for (_, gradient, variable) in entries]
     slots = slots_of(optimizer, variables)
     writes = [written for variable in variables for written in [variable] + slots.get(id(variable), [])]
     whole = steps if _reads_iterations(optimizer) else []
@@ -605,14 +606,6 @@ def _fresh_slot_rows(optimizer, slot, ids):
 # without worker-local copies), rows and slots went to the worker and back
 # under the lock.
 TABLE_UPDATES_ON_PS = True
-
-
-def _on_device(value, device: str):
-    """`value` (a tensor or an IndexedSlices) copied to `device`."""
-    with tf.device(device):
-        if isinstance(value, tf.IndexedSlices):
-            return tf.IndexedSlices(tf.identity(value.values), tf.identity(value.indices), value.dense_shape)
-        return tf.identity(value)
 
 
 def _tfra_locked_update(original, optimizer, gradient, shadow):
