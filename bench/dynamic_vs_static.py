@@ -8,9 +8,10 @@ ShardedEmbedding is split fixed:2; DynamicEmbedding puts one hash table on
 each ps. steps_per_execution=1.
 
 Paired (the default): ShardedEmbedding, DynamicEmbedding (its exact update
-made on the table's ps task, tf_psx.exact_updates.TABLE_UPDATES_ON_PS) and
-"DynamicEmbedding, update on the worker" (the same traced with it off: rows
-and slots to the worker and back under the lock) in one process on one
+made per shard, on the ps task that owns the shard, under the shard's lock:
+tf_psx.exact_tables) and "DynamicEmbedding, one table lock" (the same traced
+with TABLE_UPDATES_PER_SHARD off: the whole table's update on its first ps
+task under one lock, as a table with a policy is updated) in one process on one
 cluster, one model each, their timed windows interleaved (bench/_common.py
 time_fits_paired: a variant's number is its fastest window); one process
 per worker count and round, the build order rotated each round; each ratio
@@ -52,7 +53,8 @@ WORKERS = (1, 2)
 TARGET = 1.3
 
 
-PAIRED = ("ShardedEmbedding", "DynamicEmbedding", "DynamicEmbedding, update on the worker")
+ONE_LOCK = "DynamicEmbedding, one table lock"
+PAIRED = ("ShardedEmbedding", "DynamicEmbedding", ONE_LOCK)
 # `--split`: each table also with its layer frozen (trainable=False: the lookup and the rest of the step, no
 # update of the table), to split a step into the table's lookup and its update. 1 worker, paired.
 FROZEN = " (frozen)"
@@ -99,7 +101,7 @@ def child(name: str, workers: str, shift: str) -> None:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from _common import WINDOWS, time_fit_cpu, time_fits_paired  # pylint: disable=import-outside-toplevel
-    from tf_psx import exact_updates  # pylint: disable=import-outside-toplevel
+    from tf_psx import exact_tables  # pylint: disable=import-outside-toplevel
 
     cluster = tf_psx.LocalCluster(num_workers=int(workers), num_ps=2).start()
     strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2", exact_updates=(name != TFRA_APPLY))
@@ -115,15 +117,15 @@ def child(name: str, workers: str, shift: str) -> None:
 
     def runner(variant):
         model, dataset_fn, _ = _model(tf, tf_psx, strategy, variant)
-        on_ps = variant != "DynamicEmbedding, update on the worker"
+        per_shard = variant != ONE_LOCK
 
         def run(steps, callbacks):
-            exact_updates.TABLE_UPDATES_ON_PS = on_ps  # read when the step is traced (its first fit)
+            exact_tables.TABLE_UPDATES_PER_SHARD = per_shard  # read when the step is traced (its first fit)
             try:
                 model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1, steps_per_epoch=steps,
                           verbose=0, callbacks=callbacks)
             finally:
-                exact_updates.TABLE_UPDATES_ON_PS = True
+                exact_tables.TABLE_UPDATES_PER_SHARD = True
 
         return run
 
@@ -165,13 +167,13 @@ def main() -> None:
     rows = []
     for workers in args.workers:
         paired = {name: [run[name] for run in runs[("paired", workers)]] for name in PAIRED}
-        static, dynamic, on_worker = (paired[name] for name in PAIRED)
+        static, dynamic, one_lock = (paired[name] for name in PAIRED)
         for name in PAIRED:
             rows.append({"metric": f"{workers} worker(s): {name} ms/step (CPU ms/step)", "value": times(paired[name])})
         rows.append(ratio_row(f"{workers} worker(s): DynamicEmbedding / ShardedEmbedding",
                               ratios(dynamic, static, "ms_per_step"), TARGET, higher_is_better=False))
-        rows.append(ratio_row(f"{workers} worker(s): DynamicEmbedding, update on the ps / on the worker",
-                              ratios(dynamic, on_worker, "ms_per_step"), higher_is_better=False))
+        rows.append(ratio_row(f"{workers} worker(s): DynamicEmbedding, update per shard / one table lock",
+                              ratios(dynamic, one_lock, "ms_per_step"), higher_is_better=False))
         if ("DynamicEmbedding+policy", workers) in runs:
             policy = runs[("DynamicEmbedding+policy", workers)]
             rows.append({"metric": f"{workers} worker(s): DynamicEmbedding+policy ms/step (CPU ms/step), alone "
@@ -195,7 +197,7 @@ def main() -> None:
     write_result(
         "dynamic_vs_static",
         f"`model.fit` ms/step (whole cluster), steps_per_execution=1; ShardedEmbedding, DynamicEmbedding and "
-        f"DynamicEmbedding with its update on the worker in one process on one cluster, their windows "
+        f"DynamicEmbedding with one table lock (its whole update on its first ps task) in one process on one cluster, their windows "
         f"interleaved: {PAIRED_WINDOWS} windows of {TIMED_STEPS} steps each after {WARMUP_STEPS} warm-up steps, "
         "a variant's number its fastest window (bench/_common.py time_fits_paired); "
         f"{args.rounds} rounds of fresh processes (build order rotated), ratios per round (median, min-max); "

@@ -14,7 +14,7 @@ import inspect
 import logging
 
 from tf_psx._tf import exact_updates as _door, keras as _tf_keras, tfra as _tfra
-from tf_psx import exact_updates as _exact_updates
+from tf_psx import exact_tables as _exact_tables
 from tf_psx.errors import TFRAOptimizerError
 
 logger = logging.getLogger("tf_psx")
@@ -85,7 +85,7 @@ def adopt_exact_optimizer(model) -> None:
     (made per worker by `tf_psx._tf.shadows`) and the update wrote rows back
     as values outside any lock. Its optimizer is wrapped by TFRA if the user
     left that out, and the table updates go through
-    `tf_psx.exact_updates.tfra_apply_gradients_fn`.
+    `tf_psx.exact_tables.tfra_apply_gradients_fn`.
     tf_psx's own DynamicEmbedding is handled by its compile hook.
     """
     optimizer = getattr(model, "optimizer", None)
@@ -109,7 +109,7 @@ def adopt_exact_optimizer(model) -> None:
             model.name, type(optimizer).__name__, type(replacement).__name__)
         optimizer = replacement
     if tfra_layers:
-        optimizer = _exact_updates.wrap_tfra_optimizer(optimizer, bp_v2=bp_v2)
+        optimizer = _exact_tables.wrap_tfra_optimizer(optimizer, bp_v2=bp_v2)
     model.optimizer = optimizer
 
 

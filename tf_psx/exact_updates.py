@@ -30,16 +30,14 @@ counter. With one worker it equals the global count. The counters are
 tracked by the optimizer (`_tf_psx_local_steps`), so they are checkpointed
 and restored with it.
 
-TFRA hash tables get the same protocol per table (see `tfra_apply_gradients_fn`).
+TFRA hash tables get the same protocol per table shard (tf_psx.exact_tables).
 What a model's optimizer becomes at compile under a strategy with
 `exact_updates` is tf_psx.exact_compile.
 
 The patches this needs live in the door: `tf_psx._tf.exact_updates`
 (tf-keras's `_update_step`, `Model.compile`, the private fields read here),
-`tf_psx._tf.lock_release` (the release kept out of TF's op ordering),
-`tf_psx._tf.tfra` and `tf_psx._tf.shadows` (TFRA's optimizer and buffers).
-`install` and `install_tfra_optimizer_hook` pass
-this module's functions to them.
+`tf_psx._tf.lock_release` (the release kept out of TF's op ordering).
+`install` passes this module's functions to them.
 """
 
 from __future__ import annotations
@@ -53,7 +51,7 @@ import threading
 import tensorflow as tf
 
 from tf_psx._tf import exact_updates as _door, lock_release as _lock_release
-from tf_psx._tf import shadows as _shadows, tfra as _tfra
+from tf_psx._tf import tfra as _tfra
 from tf_psx import step_once as _step_once
 
 # Attribute names on the optimizer instance.
@@ -77,7 +75,7 @@ updates = _door.updates
 slots_of = _door.slots_of
 
 
-def _strategy_wants_exact(optimizer) -> bool:
+def strategy_wants_exact(optimizer) -> bool:
     strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
     strategy = strategy or _door.strategy_of(optimizer)
     return bool(getattr(strategy, "exact_updates", False))
@@ -89,11 +87,11 @@ def _applies(optimizer, variable) -> bool:
     return (
         _door.has_unique_id(variable)
         and not _tfra.is_tfra_shadow(variable)
-        and _strategy_wants_exact(optimizer)
+        and strategy_wants_exact(optimizer)
     )
 
 
-def _state(optimizer, key: str, variable_scope, lock_device: str):
+def lock_state(optimizer, key: str, variable_scope, lock_device: str):
     """The (lock, step counter) stored under `key`, created on first use.
 
     Args:
@@ -171,10 +169,10 @@ def _scope_of(variable):
 
 def _state_for(optimizer, variable):
     """The (lock, step counter) of `variable`, on its ps task."""
-    return _state(optimizer, _door.var_key(optimizer, variable), _scope_of(variable), variable.device)
+    return lock_state(optimizer, _door.var_key(optimizer, variable), _scope_of(variable), variable.device)
 
 
-def _on_device(value, device: str):
+def on_device(value, device: str):
     """`value` (a tensor or an IndexedSlices) copied to `device`."""
     with tf.device(device):
         if isinstance(value, tf.IndexedSlices):
@@ -182,14 +180,14 @@ def _on_device(value, device: str):
         return tf.identity(value)
 
 
-def _tensors_of(value) -> list:
+def tensors_of(value) -> list:
     """The tensors of a gradient (an IndexedSlices' values and indices)."""
     if isinstance(value, tf.IndexedSlices):
         return [value.values, value.indices]
     return [value]
 
 
-def _execute_unordered(lock, update, step, ready=()):
+def execute_unordered(lock, update, step, ready=()):
     """`lock.execute(update)`, its release unordered (tf_psx._tf.lock_release), kept alive by a read of `step`.
 
     The read of the variable's counter is a resource op that the function
@@ -230,7 +228,7 @@ def _reads_iterations(optimizer) -> bool:
     return _READS_ITERATIONS[cls]
 
 
-def _run_counted(optimizer, step, run):
+def run_counted(optimizer, step, run):
     """Runs `run()` (the optimizer's own ops) and returns a tensor that waits for all of them.
 
     With an optimizer that bias-corrects by the step number, `iterations`
@@ -271,7 +269,7 @@ def _locked_update(original, optimizer, gradient, variable):
     lock, step = _state_for(optimizer, variable)
     if grouped:
         lock = _device_lock(optimizer, variable.device)  # a grouped variable is updated under its ps task's lock only
-    gradient = _on_device(gradient, variable.device)
+    gradient = on_device(gradient, variable.device)
 
     def run():
         original(optimizer, gradient, variable)
@@ -285,10 +283,10 @@ def _locked_update(original, optimizer, gradient, variable):
     def update():
         # A step TF re-runs after a worker failure skips the variables its first attempt updated.
         return _step_once.once(optimizer, _door.var_key(optimizer, variable), _scope_of(variable),
-                               lambda: _run_counted(optimizer, step, run), step.read_value,
+                               lambda: run_counted(optimizer, step, run), step.read_value,
                                writes=writes, rows=rows, whole=whole)
 
-    output = _execute_unordered(lock, update, step, ready=_tensors_of(gradient))
+    output = execute_unordered(lock, update, step, ready=tensors_of(gradient))
     if collector is not None:
         collector.outputs.append(output)
     return output
@@ -323,7 +321,7 @@ _DEVICE_LOCKS_ATTR = "_tf_psx_device_locks"  # ps device -> the lock of its grou
 # False: a step with no token (a DatasetCreator fit, a custom loop) updates each dense variable under its own
 # lock, as before grouping (for measuring what grouping changes there).
 GROUP_WITHOUT_TOKEN = True
-# False: the `iterations` bump keeps its own lock and ring (`_bump_iterations`), for measuring the fold.
+# False: the `iterations` bump keeps its own lock and ring (`bump_iterations`), for measuring the fold.
 FOLD_ITERATIONS = True
 _group = threading.local()  # .apply: the `_Collector` of the apply being traced in this thread, or None
 
@@ -382,7 +380,7 @@ def grouped_apply(optimizer):
     has to apply. Not grouped with an EMA (tf-keras reads the variables after
     their updates); inside another `grouped_apply`, the outer one collects.
     """
-    if (not _strategy_wants_exact(optimizer) or getattr(_group, "apply", None)
+    if (not strategy_wants_exact(optimizer) or getattr(_group, "apply", None)
             or (_step_once.current() is None and not GROUP_WITHOUT_TOKEN)):
         yield []
         return
@@ -436,7 +434,7 @@ def _grouped_update(optimizer, device: str, entries: list, bump=None):
     strategy = tf.distribute.get_strategy()
     variables = [variable for _, _, variable in entries]
     steps = [_state_for(optimizer, variable)[1] for variable in variables]
-    gradients = [_on_device(gradient, variable.device) for (_, gradient, variable) in entries]
+    gradients = [on_device(gradient, variable.device) for (_, gradient, variable) in entries]
     slots = slots_of(optimizer, variables)
     writes = [written for variable in variables for written in [variable] + slots.get(id(variable), [])]
     whole = steps if _reads_iterations(optimizer) else []
@@ -456,7 +454,7 @@ def _grouped_update(optimizer, device: str, entries: list, bump=None):
                 _mark_rows(optimizer, gradient, variable)
 
             # As tf-keras's apply makes each update (colocated, in the strategy's update context).
-            done.append(strategy.extended.update(variable, lambda _, run=run, step=step: _run_counted(
+            done.append(strategy.extended.update(variable, lambda _, run=run, step=step: run_counted(
                 optimizer, step, run), group=True))
         if bump is not None:
             iterations, delta = bump
@@ -470,14 +468,14 @@ def _grouped_update(optimizer, device: str, entries: list, bump=None):
         return _step_once.once(optimizer, key, _scope_of(variables[0]), apply, skip, writes=writes, whole=whole,
                                units=len(entries))
 
-    ready = [tensor for gradient in gradients for tensor in _tensors_of(gradient)]
+    ready = [tensor for gradient in gradients for tensor in tensors_of(gradient)]
     with tf.compat.v1.colocate_with(variables[0]):
-        return _execute_unordered(_device_lock(optimizer, device), update, steps[0], ready=ready)
+        return execute_unordered(_device_lock(optimizer, device), update, steps[0], ready=ready)
 
 
-def _bump_iterations(optimizer):
+def bump_iterations(optimizer):
     """A function of `delta` that advances `optimizer.iterations` once per step token; None without a token."""
-    if _step_once.current() is None or not _strategy_wants_exact(optimizer):
+    if _step_once.current() is None or not strategy_wants_exact(optimizer):
         return None
     iterations = optimizer.iterations
 
@@ -502,7 +500,7 @@ def _bump_iterations(optimizer):
         def update():
             return _step_once.once_counter(optimizer, "iterations", _scope_of(iterations), iterations, delta)
 
-        return _execute_unordered(entry[0], update, iterations, ready=ready)
+        return execute_unordered(entry[0], update, iterations, ready=ready)
 
     return bump
 
@@ -533,199 +531,4 @@ def install() -> None:
     The patch is inert unless the strategy in scope has `exact_updates`
     set (tf_psx.ParameterServerStrategy does by default).
     """
-    _door.install(_applies, _locked_update, _bump_iterations, grouped_apply, after_updates)
-
-
-# --- TFRA hash tables (written against TFRA 0.8.1's DynamicEmbeddingOptimizer) ---
-#
-# TFRA trains a table through per-batch "shadow" buffers: the forward pass
-# copies the batch's rows into the shadow, the optimizer updates the shadow
-# (and one shadow per slot), and the result is written back to the table
-# (`upsert`, or with bp_v2 a delta). Written back as values, two workers that
-# looked up the same row both write their own "old row + my update", and one
-# update is lost (measured: 0.66 of the true SGD update with 2 workers). With
-# bp_v2 the row delta is exact for SGD, but the slots (Adagrad's accumulator,
-# Adam's moments) and new keys still race.
-#
-# Here each table's update runs as one unit under a lock on the table's first
-# ps task: read the rows and slots afresh from the table, run the optimizer's
-# own update on the shadows, write rows and slots back. Keys that are still
-# absent keep the value the forward pass used (TFRA draws a fresh random row
-# per lookup of an absent key). Adam-family bias correction uses a per-table
-# step counter, as for ordinary variables above.
-
-
-def _tfra_slots_of(optimizer, shadow):
-    ids = shadow.ids
-    return [
-        slot
-        for slot in _door.optimizer_variables(optimizer)
-        if slot is not shadow and _tfra.is_tfra_shadow(slot) and getattr(slot, "ids", None) is ids
-    ]
-
-
-def _table_state(optimizer, params):
-    """The (lock, step counter) of the TFRA table `params`, on the table's first ps task."""
-    device = params.devices[0]
-    return _state(optimizer, f"tfra/{params.name}", lambda: tf.device(device), device)
-
-
-def table_lock(optimizer, params):
-    """The lock that `optimizer`'s updates of the TFRA table `params` run under (created on first use)."""
-    return _table_state(optimizer, params)[0]
-
-
-def run_locked(lock, fn):
-    """`lock.execute(fn)` in a traced step, its release kept out of TF's program-order chain.
-
-    The release is a control input of the returned value: whatever uses
-    the value waits for it.
-    """
-    return _lock_release.run_unordered(lock, fn)
-
-
-def _fresh_slot_rows(optimizer, slot, ids):
-    """The slot's rows for `ids` from its table; absent keys get the optimizer's initial slot value.
-
-    TFRA builds a slot table's default from the shadow's initial value, an
-    empty [0, dim] tensor, so Adagrad's and Ftrl's accumulators of new keys
-    started at 0 instead of `initial_accumulator_value` (0.1 by default):
-    measured 1.41x the true Adagrad move even with one worker.
-    """
-    fresh, exists = slot.params.lookup(ids, return_exists=True)
-    initial = getattr(optimizer, "initial_accumulator_value", None)
-    if initial is None or "accumulator" not in slot.params.name.rsplit("/", 1)[-1]:
-        return fresh
-    return tf.where(tf.reshape(exists, [-1, 1]), fresh, tf.cast(initial, fresh.dtype) * tf.ones_like(fresh))
-
-
-# The table's update is made on its first ps task (`_shadows.buffers_on`): the
-# worker sends the step's ids, forward rows and gradient there once, before
-# the lock; the rows and slots are looked up, updated by the optimizer's own
-# ops and written back on the ps. On the worker (False, and for shadows
-# without worker-local copies), rows and slots went to the worker and back
-# under the lock.
-TABLE_UPDATES_ON_PS = True
-
-
-def _tfra_locked_update(original, optimizer, gradient, shadow):
-    if not shadow.params.trainable:
-        return tf.no_op()
-    lock, step = _table_state(optimizer, shadow.params)
-    slots = _tfra_slots_of(optimizer, shadow)
-    _shadows.track_optimizer_slots(shadow, slots)
-    params = shadow.params
-
-    admission = _tfra.admission_of(params)
-    device = params.devices[0]
-    on_ps = TABLE_UPDATES_ON_PS and all(_shadows.has_per_worker_copies(buffer) for buffer in [shadow, *slots])
-    if on_ps:
-        # Read from the worker's buffers before the lock, sent once.
-        step_ids = _on_device(shadow.ids.read_value(), device)
-        step_rows = _on_device(shadow.read_value(do_prefetch=False), device)
-        gradient = _on_device(gradient, device)
-        ready = [step_ids, step_rows, *_tensors_of(gradient)]
-    else:
-        ready = _tensors_of(gradient)
-
-    def update():
-        with (_shadows.buffers_on(device, [shadow, *slots]) if on_ps else contextlib.nullcontext()), \
-                (tf.device(device) if on_ps else contextlib.nullcontext()):
-            return locked(*((step_ids, step_rows) if on_ps else (shadow.ids.read_value(),
-                                                                  shadow.read_value(do_prefetch=False))))
-
-    def locked(ids, forward_rows):
-        fresh, exists = params.lookup(ids, return_exists=True)
-        rows = tf.where(tf.reshape(exists, [-1, 1]), fresh, forward_rows)
-        loads = [_shadows.write_buffer(shadow, rows)]
-        for slot in slots:
-            loads.append(_shadows.write_buffer(slot, _fresh_slot_rows(optimizer, slot, ids)))
-        with tf.control_dependencies(loads):
-            done = _run_counted(optimizer, step, lambda: original(optimizer, gradient, shadow))
-        with tf.control_dependencies([done]):
-            new_rows = shadow.read_value(do_prefetch=False)
-            new_slots = [slot.read_value(do_prefetch=False) for slot in slots]
-            if admission is not None:
-                # Only admitted keys get a row and slots (tf_psx.tables.TablePolicy).
-                keep = tf.reshape(admission(ids), [-1])
-                ids = tf.reshape(ids, [-1])
-                ids = tf.boolean_mask(ids, keep)
-                new_rows = tf.boolean_mask(new_rows, keep)
-                new_slots = [tf.boolean_mask(value, keep) for value in new_slots]
-            writes = [params.upsert(ids, new_rows)]
-            writes += [slot.params.upsert(ids, value) for slot, value in zip(slots, new_slots)]
-            if params.restrict_policy is not None:
-                writes.append(params.restrict_policy.apply_update(ids))
-        with tf.control_dependencies(writes):
-            return tf.identity(done)
-
-    def once():
-        return _step_once.once(optimizer, f"tfra/{params.name}", lambda: tf.device(params.devices[0]), update,
-                               step.read_value)
-
-    # The lock waits for the gradient (the forward and backward pass), and on the ps for the step's ids and rows.
-    return _execute_unordered(lock, once, step, ready=ready)
-
-
-def tfra_apply_gradients_fn(optimizer, tfra_fn):
-    """An exact `_distributed_apply_gradients_fn` for a TFRA-wrapped optimizer.
-
-    Args:
-      optimizer: a tf-keras optimizer already wrapped by TFRA's
-        `DynamicEmbeddingOptimizer`.
-      tfra_fn: TFRA's own function, used when the strategy in scope does not
-        ask for exact updates.
-
-    Returns:
-      A function with the signature of tf-keras's
-      `_distributed_apply_gradients_fn(distribution, grads_and_vars, **kwargs)`.
-    """
-
-    def apply_gradients_fn(distribution, grads_and_vars, **kwargs):
-        grads_and_vars = list(grads_and_vars)
-        with_policy = any(_tfra.is_tfra_shadow(var) and _tfra.admission_of(var.params) is not None
-                          for _, var in grads_and_vars)
-        if not _strategy_wants_exact(optimizer) and not with_policy:
-            # Tables with admission always take the path below, which writes admitted keys only.
-            return tfra_fn(distribution, grads_and_vars, **kwargs)
-        original = _door.original_update_step()
-
-        def apply_one(var, grad):
-            if _tfra.is_tfra_shadow(var):
-                return _tfra_locked_update(original, optimizer, grad, var)
-            return _door.update_step(optimizer, grad, var)
-
-        with grouped_apply(optimizer) as outputs:
-            for grad, var in grads_and_vars:
-                if _tfra.is_tfra_shadow(var):
-                    # TFRA's shadows report the coordinator's device; their
-                    # update runs where the handles live, not "colocated".
-                    with tf.compat.v1.colocate_with(None, ignore_existing=True):
-                        apply_one(var, grad)
-                else:
-                    distribution.extended.update(var, apply_one, args=(grad,), group=False)
-            bump = _bump_iterations(optimizer)
-            if not optimizer.use_ema:  # inside the apply, the bump can join a unit (`grouped_apply`)
-                counted = optimizer.iterations.assign_add(1) if bump is None else bump(1)
-        if optimizer.use_ema:
-            _door.update_moving_average(optimizer, [var for _, var in grads_and_vars])
-            counted = optimizer.iterations.assign_add(1) if bump is None else bump(1)
-        return after_updates(counted, outputs)
-
-    return apply_gradients_fn
-
-
-def _exact_apply(optimizer, tfra_fn):
-    """`tfra_apply_gradients_fn`, with the variables' locked updates installed (the table apply runs them too)."""
-    install()
-    return tfra_apply_gradients_fn(optimizer, tfra_fn)
-
-
-def wrap_tfra_optimizer(optimizer, bp_v2: bool = False):
-    """Applies TFRA's DynamicEmbeddingOptimizer to `optimizer` once (if the user did not), and the exact apply; returns it."""
-    return _tfra.wrap_tfra_optimizer(optimizer, _exact_apply, bp_v2=bp_v2)
-
-
-def install_tfra_optimizer_hook() -> None:
-    """Makes tf-keras `Model.compile` wrap the optimizer of a model with a DynamicEmbedding (tf_psx._tf.tfra)."""
-    _tfra.install_tfra_optimizer_hook(wrap_tfra_optimizer)
+    _door.install(_applies, _locked_update, bump_iterations, grouped_apply, after_updates)

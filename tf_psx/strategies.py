@@ -18,7 +18,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_psx import _checks, _quiet, exact_compile as _exact_compile, exact_updates as _exact_updates
+from tf_psx import _checks, _quiet, exact_compile as _exact_compile, exact_tables as _exact_tables, exact_updates as _exact_updates
 from tf_psx import partitioners as _partitioners, weights as _weights
 from tf_psx import sync_training as _sync_training
 from tf_psx._tf import fit_inputs as _fit_inputs, keras as _tf_keras, runtime as _runtime
@@ -312,7 +312,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         _fit_inputs.install()
         _quiet.install_log_filter()
         # Models with TFRA's own layers: exact table updates at compile (tf_psx.exact_updates).
-        _exact_updates.install_tfra_optimizer_hook()
+        _exact_tables.install_tfra_optimizer_hook()
         _install_tfra_shadows_if_imported()
         # Lookup layers in exact evaluation's loop (tf_psx._tf.distributed_table).
         _distributed_table.install()

@@ -42,7 +42,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import exact_updates as _exact_updates
+from tf_psx import exact_tables as _exact_tables
 from tf_psx._tf import tfra as _tfra
 from tf_psx.errors import DataError
 
@@ -137,7 +137,7 @@ class TablePolicy:
             with tf.control_dependencies([self.meta.upsert(unique, new)]):
                 return tf.identity(new_counts)
 
-        return _exact_updates.run_locked(self.lock, body)
+        return _exact_tables.run_locked(self.lock, body)
 
     def admitted(self, keys: tf.Tensor) -> tf.Tensor:
         """bool per key: it may hold a row (its count reached `min_count`)."""
@@ -241,7 +241,7 @@ class TablePolicy:
         function = self._functions.get(key)
         if function is None:
             optimizer = getattr(self._optimizer, "inner_optimizer", self._optimizer)
-            table_lock = _exact_updates.table_lock(optimizer, self.layer.table) if optimizer is not None else None
+            table_lock = _exact_tables.table_lock(optimizer, self.layer.table) if optimizer is not None else None
             body = make_body(tables)
 
             @tf.function(autograph=False, reduce_retracing=True)

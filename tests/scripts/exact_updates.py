@@ -264,6 +264,10 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
         "steps": steps,
         "grouped": len(tf_psx.exact_updates.grouped_variables(model.optimizer)),
         "iterations_in_unit": tf_psx.exact_updates.iterations_in_unit(model.optimizer),
+        # Each shard's update counter (a table updated per shard on its ps task), else None.
+        "table_steps": (tf_psx.exact_tables.shard_steps(getattr(model.optimizer, "inner_optimizer", model.optimizer),
+                                                        emb.table) if layer == "dynamic" else None),
+        "ps": args.ps,
         "share": float(np.abs(actual).sum()) / move,
         "max_row_error": float(np.abs(actual - expected).max() / np.abs(expected).max()),
         "keys": keys,

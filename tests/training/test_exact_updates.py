@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 
-from tf_psx import exact_compile as _exact_compile, exact_updates as _exact_updates
+from tf_psx import exact_compile as _exact_compile, exact_tables as _exact_tables, exact_updates as _exact_updates
 from tf_psx._tf import exact_updates as _exact_door
 
 from conftest import run_script, script_results
@@ -38,6 +38,12 @@ def _check(results: list[dict], expected_pairs: int) -> None:
         if result["layer"] == "dynamic":
             # The hash table holds exactly the keys trained.
             assert result["keys"] == result["keys_trained"], result
+            if result["exact_updates"] and "min_count" not in result:
+                # Updated per shard, each on its ps task under its own lock (tf_psx.exact_tables); with Adam
+                # every shard's counter saw every step (its bias correction reads it).
+                assert result["table_steps"] is not None and len(result["table_steps"]) == result["ps"], result
+                if result["optimizer"] == "adam":
+                    assert result["table_steps"] == [STEPS] * result["ps"], result
 
 
 @pytest.mark.processes
@@ -90,7 +96,7 @@ def test_private_hooks_are_where_they_were_read():
     optimizer = tf.keras.optimizers.Adam()
     assert "_iterations" in optimizer.__dict__
     assert hasattr(tf, "CriticalSection")
-    tfra_optimizer = _exact_updates.wrap_tfra_optimizer(tf.keras.optimizers.Adagrad())
+    tfra_optimizer = _exact_tables.wrap_tfra_optimizer(tf.keras.optimizers.Adagrad())
     assert "_distributed_apply_gradients_fn" in tfra_optimizer.__dict__
 
 

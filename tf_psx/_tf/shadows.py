@@ -189,13 +189,15 @@ def has_per_worker_copies(buffer) -> bool:
 
 
 @contextlib.contextmanager
-def buffers_on(device: str, buffers: list):
+def buffers_on(device: str, buffers: list, tag: str = ""):
     """Inside, each of `buffers` (shadows with worker-local copies) is a buffer on `device` instead.
 
-    One buffer per shadow on the task (a `VarHandleOp` with a shared name,
-    made in the graph being traced): shared by every worker's steps, so
-    its user holds a lock while it writes and reads it (the table's,
-    tf_psx.exact_updates). What the optimizer's ops on the shadows then
+    One buffer per shadow and `tag` on the task (a `VarHandleOp` with a
+    shared name, made in the graph being traced; a table shard's update
+    passes its shard index as `tag`, so two shards on one task get their
+    own): shared by every worker's steps, so its user holds a lock while it
+    writes and reads it (the shard's, tf_psx.exact_tables). What the
+    optimizer's ops on the shadows then
     read and write stays on `device`.
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -205,7 +207,7 @@ def buffers_on(device: str, buffers: list):
         for buffer in buffers:
             buffer.__dict__[_ON_PS_ATTR] = gen_resource_variable_ops.var_handle_op(
                 dtype=buffer.dtype, shape=None,
-                shared_name=f"{_ON_PS_SHARED_NAME_PREFIX}{buffer._unique_id}")  # pylint: disable=protected-access
+                shared_name=f"{_ON_PS_SHARED_NAME_PREFIX}{buffer._unique_id}{tag}")  # pylint: disable=protected-access
     try:
         yield
     finally:

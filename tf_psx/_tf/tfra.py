@@ -158,6 +158,33 @@ def admission_of(params):
     return getattr(params, ADMISSION_ATTR, None)
 
 
+def shard_lookup(params, index: int, keys, with_defaults: bool = True):
+    """(values, exists) of `keys` in shard `index` of the TFRA variable `params`, made where that shard lives.
+
+    As TFRA 0.8.1's `Variable.lookup` does for one of its shards: absent
+    keys get the variable's initializer values (`with_defaults`), or the
+    table's static default (cheaper, for a caller that replaces them).
+    `keys` must all belong to the shard (`params.partition_fn`).
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    with tf.device(params.devices[index]):
+        defaults = None
+        if with_defaults:
+            defaults = params._create_default_values_by_initializer(keys)  # pylint: disable=protected-access
+            if defaults is not None:
+                defaults = tf.cast(defaults, params.value_dtype)
+        return params.tables[index].lookup(keys, dynamic_default_values=defaults, return_exists=True)
+
+
+def shard_insert(params, index: int, keys, values):
+    """Upserts `keys` -> `values` into shard `index` of the TFRA variable `params` (the keys belong to it)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    with tf.device(params.devices[index]):
+        return params.tables[index].insert(keys, values)
+
+
 def model_has_dynamic_embedding(model) -> bool:
     return any(getattr(layer, HASH_TABLE_LAYER_ATTR, False) for layer in model._flatten_layers())  # pylint: disable=protected-access
 
@@ -173,7 +200,7 @@ def wrap_tfra_optimizer(optimizer, exact_apply, bp_v2: bool = False):
       optimizer: a tf-keras optimizer, wrapped by TFRA already or not.
       exact_apply: `exact_apply(wrapped, tfra_fn)` returns the optimizer's
         `_distributed_apply_gradients_fn` given TFRA's own `tfra_fn`
-        (tf_psx.exact_updates.tfra_apply_gradients_fn: TFRA's apply writes
+        (tf_psx.exact_tables.tfra_apply_gradients_fn: TFRA's apply writes
         rows back as values, exact only with one worker; tf_psx's locks every
         table update under a strategy with exact_updates).
       bp_v2: TFRA's `bp_v2` (row deltas) when TFRA wraps it here.
@@ -233,7 +260,7 @@ def install_tfra_optimizer_hook(wrap) -> None:
 
     Args:
       wrap: returns the optimizer wrapped for the tables
-        (tf_psx.exact_updates.wrap_tfra_optimizer); the first call's is kept.
+        (tf_psx.exact_tables.wrap_tfra_optimizer); the first call's is kept.
     """
     global _TFRA_HOOK_INSTALLED  # pylint: disable=global-statement
     if _TFRA_HOOK_INSTALLED:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tf_psx import _checks, exact_updates as _exact_updates
+from tf_psx import _checks, exact_tables as _exact_tables
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime, shadows as _shadows, tfra as _tfra
 from tf_psx.errors import ArgumentError
 from tf_psx.layers.common import serializable
@@ -61,7 +61,7 @@ class DynamicEmbedding(_keras.layers.Layer):
 
     The optimizer needs TFRA's wrapping (`de.DynamicEmbeddingOptimizer`) to
     train these tables; `Model.compile` does it for any model holding a
-    DynamicEmbedding (`_exact_updates.install_tfra_optimizer_hook`).
+    DynamicEmbedding (`_exact_tables.install_tfra_optimizer_hook`).
 
     Several workers may train at once: TFRA keeps the rows a step looked up
     in "shadow" buffers, which TFRA 0.8.1 alone puts on the coordinator,
@@ -172,7 +172,7 @@ class DynamicEmbedding(_keras.layers.Layer):
             )
         tfra_kwargs.pop("with_unique", None)
         de = _tfra.tfra()
-        _exact_updates.install_tfra_optimizer_hook()
+        _exact_tables.install_tfra_optimizer_hook()
         _shadows.install_per_worker_shadows()
         self.output_dim = int(output_dim)
         self.key_dtype = key_dtype

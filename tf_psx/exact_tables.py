@@ -1,0 +1,325 @@
+"""Exact updates of TFRA hash tables (`DynamicEmbedding`) under asynchronous workers: one unit per table shard.
+
+TFRA trains a table through per-batch "shadow" buffers: the forward pass
+copies the batch's rows into the shadow, the optimizer updates the shadow
+(and one shadow per slot), and the result is written back to the table
+(`upsert`, or with bp_v2 a delta). Written back as values, two workers that
+looked up the same row both write their own "old row + my update", and one
+update is lost (measured: 0.66 of the true SGD update with 2 workers). With
+bp_v2 the row delta is exact for SGD, but the slots (Adagrad's accumulator,
+Adam's moments) and new keys still race.
+
+Here each shard of a table is updated as one unit on the ps task that owns
+it, under that shard's lock (the lock protocol of tf_psx.exact_updates):
+the worker splits the step's ids, forward rows and gradient by the table's
+partition function and sends each shard its part once; on the ps, under the
+lock, the shard's rows and slots are read afresh, the optimizer's own
+update runs on ps-resident buffers (tf_psx._tf.shadows.buffers_on), and
+rows and slots are written back. Keys that are still absent keep the value
+the forward pass used (TFRA draws a fresh random row per lookup of an
+absent key). Adam-family bias correction uses a per-shard step counter,
+which counts the steps applied to the shard, as for ordinary variables.
+
+A table with admission or eviction (tf_psx.tables.TablePolicy) or a TFRA
+restrict policy is updated as one unit under one table lock instead
+(`table_lock`, which eviction also takes), from its first ps task.
+
+Called from tf_psx.exact_compile (the optimizer a model compiles with),
+tf_psx.strategies and tf_psx.layers (the compile hook), tf_psx.tables (the
+table lock). Importing this module imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import tensorflow as tf
+
+from tf_psx import exact_updates as _exact, step_once as _step_once
+from tf_psx._tf import exact_updates as _door, lock_release as _lock_release
+from tf_psx._tf import shadows as _shadows, tfra as _tfra
+
+def _tfra_slots_of(optimizer, shadow):
+    ids = shadow.ids
+    return [
+        slot
+        for slot in _door.optimizer_variables(optimizer)
+        if slot is not shadow and _tfra.is_tfra_shadow(slot) and getattr(slot, "ids", None) is ids
+    ]
+
+
+def _table_state(optimizer, params):
+    """The (lock, step counter) of the TFRA table `params`, on the table's first ps task."""
+    device = params.devices[0]
+    return _exact.lock_state(optimizer, f"tfra/{params.name}", lambda: tf.device(device), device)
+
+
+def table_lock(optimizer, params):
+    """The lock that `optimizer`'s updates of the TFRA table `params` run under (created on first use)."""
+    return _table_state(optimizer, params)[0]
+
+
+def run_locked(lock, fn):
+    """`lock.execute(fn)` in a traced step, its release kept out of TF's program-order chain.
+
+    The release is a control input of the returned value: whatever uses
+    the value waits for it.
+    """
+    return _lock_release.run_unordered(lock, fn)
+
+
+def _fresh_slot_rows(optimizer, slot, fresh, exists):
+    """A slot's rows as looked up (`fresh`, `exists`); absent keys get the optimizer's initial slot value.
+
+    TFRA builds a slot table's default from the shadow's initial value, an
+    empty [0, dim] tensor, so Adagrad's and Ftrl's accumulators of new keys
+    started at 0 instead of `initial_accumulator_value` (0.1 by default):
+    measured 1.41x the true Adagrad move even with one worker.
+    """
+    initial = getattr(optimizer, "initial_accumulator_value", None)
+    if initial is None or "accumulator" not in slot.params.name.rsplit("/", 1)[-1]:
+        return fresh
+    return tf.where(tf.reshape(exists, [-1, 1]), fresh, tf.cast(initial, fresh.dtype) * tf.ones_like(fresh))
+
+
+# Each shard's update is made on the ps task that owns it, under its own
+# lock (module docstring). False: the whole table as one unit under one
+# lock on its first ps task (`TABLE_UPDATES_ON_PS`), as a table with a
+# policy always is; for measuring.
+TABLE_UPDATES_PER_SHARD = True
+
+# The whole table's update is made on its first ps task (`_shadows.buffers_on`):
+# the worker sends the step's ids, forward rows and gradient there once,
+# before the lock. On the worker (False, and for shadows without
+# worker-local copies), rows and slots went to the worker and back under
+# the lock.
+TABLE_UPDATES_ON_PS = True
+
+
+def _tfra_locked_update(original, optimizer, gradient, shadow):
+    if not shadow.params.trainable:
+        return tf.no_op()
+    slots = _tfra_slots_of(optimizer, shadow)
+    _shadows.track_optimizer_slots(shadow, slots)
+    params = shadow.params
+    local_copies = all(_shadows.has_per_worker_copies(buffer) for buffer in [shadow, *slots])
+    if (TABLE_UPDATES_PER_SHARD and local_copies and _tfra.admission_of(params) is None
+            and params.restrict_policy is None and all(_same_shards(slot.params, params) for slot in slots)):
+        return _sharded_update(original, optimizer, gradient, shadow, slots)
+    return _whole_table_update(original, optimizer, gradient, shadow, slots,
+                               on_ps=TABLE_UPDATES_ON_PS and local_copies)
+
+
+def _same_shards(table, params) -> bool:
+    return list(table.devices) == list(params.devices) and table.partition_fn is params.partition_fn
+
+
+# On the optimizer: table name -> the step counters of its shards, for a table updated per shard.
+_SHARD_STEPS_ATTR = "_tf_psx_table_shard_steps"
+
+
+def _shard_state(optimizer, params, index: int):
+    """The (lock, step counter) of shard `index` of the TFRA table `params`, on that shard's ps task."""
+    device = params.devices[index]
+    key = f"tfra/{params.name}" if len(params.devices) == 1 else f"tfra/{params.name}/shard_{index}"
+    lock, step = _exact.lock_state(optimizer, key, lambda: tf.device(device), device)
+    counters = optimizer.__dict__.setdefault(_SHARD_STEPS_ATTR, {}).setdefault(params.name, {})
+    counters[index] = step
+    return (lock, step), key
+
+
+def shard_steps(optimizer, params) -> list[int] | None:
+    """The updates applied to each shard of the TFRA table `params`, when it is updated per shard; else None.
+
+    With an optimizer that bias-corrects by the step number (Adam), each
+    shard counts the steps applied to it (every step updates every shard,
+    one with no rows of the step too), so after S steps each is S; with
+    others the counters stay 0.
+    """
+    counters = optimizer.__dict__.get(_SHARD_STEPS_ATTR, {}).get(params.name)
+    if counters is None:
+        return None
+    return [int(counters[index].numpy()) for index in sorted(counters)]
+
+
+def _split(params, ids, rows, gradient):
+    """The step's ids, forward rows and gradient split by shard: a list of (ids, rows, gradient) per shard.
+
+    An IndexedSlices gradient indexes the shadow's rows; each shard's part
+    indexes that shard's rows.
+    """
+    count = len(params.devices)
+    ids = tf.reshape(ids, [-1])
+    if count == 1:
+        return [(ids, rows, gradient)]
+    shard_of = params.partition_fn(ids, count)
+    positions = tf.dynamic_partition(tf.range(tf.size(ids)), shard_of, count)
+    parts_ids = tf.dynamic_partition(ids, shard_of, count)
+    parts_rows = tf.dynamic_partition(rows, shard_of, count)
+    if isinstance(gradient, tf.IndexedSlices):
+        # Each shadow row's index within its shard.
+        local = tf.dynamic_stitch(positions, [tf.range(tf.size(part)) for part in positions])
+        entry_shard = tf.gather(shard_of, gradient.indices)
+        values = tf.dynamic_partition(gradient.values, entry_shard, count)
+        indices = tf.dynamic_partition(tf.cast(tf.gather(local, gradient.indices), gradient.indices.dtype),
+                                       entry_shard, count)
+        tail = tf.shape(gradient.values, out_type=tf.int64)[1:]
+        grads = [tf.IndexedSlices(value, index, tf.concat([tf.shape(part, out_type=tf.int64), tail], 0))
+                 for value, index, part in zip(values, indices, parts_ids)]
+    else:
+        grads = tf.dynamic_partition(gradient, shard_of, count)
+    return list(zip(parts_ids, parts_rows, grads))
+
+
+def _sharded_update(original, optimizer, gradient, shadow, slots):
+    """Each shard's update as one unit on its ps task, under its lock (module docstring)."""
+    params = shadow.params
+    # Read from the worker's buffers before the locks; each shard gets its part once.
+    parts = _split(params, shadow.ids.read_value(), shadow.read_value(do_prefetch=False), gradient)
+    done = []
+    for index, (ids, rows, grad) in enumerate(parts):
+        device = params.devices[index]
+        (lock, step), key = _shard_state(optimizer, params, index)
+        ids, rows, grad = (_exact.on_device(value, device) for value in (ids, rows, grad))
+
+        def update(index=index, device=device, step=step, ids=ids, rows=rows, grad=grad):
+            with _shadows.buffers_on(device, [shadow, *slots], tag=f"/{index}"), tf.device(device):
+                fresh, exists = _tfra.shard_lookup(params, index, ids, with_defaults=False)
+                loads = [_shadows.write_buffer(shadow, tf.where(tf.reshape(exists, [-1, 1]), fresh, rows))]
+                for slot in slots:
+                    loads.append(_shadows.write_buffer(
+                        slot, _fresh_slot_rows(optimizer, slot, *_tfra.shard_lookup(slot.params, index, ids))))
+                with tf.control_dependencies(loads):
+                    counted = _exact.run_counted(optimizer, step, lambda: original(optimizer, grad, shadow))
+                with tf.control_dependencies([counted]):
+                    writes = [_tfra.shard_insert(params, index, ids, shadow.read_value(do_prefetch=False))]
+                    writes += [_tfra.shard_insert(slot.params, index, ids, slot.read_value(do_prefetch=False))
+                               for slot in slots]
+                with tf.control_dependencies(writes):
+                    return tf.identity(counted)
+
+        def once(key=key, device=device, update=update, step=step):
+            return _step_once.once(optimizer, key, lambda: tf.device(device), update, step.read_value)
+
+        # The lock waits for the shard's ids, rows and gradient on its ps task.
+        done.append(_exact.execute_unordered(lock, once, step, ready=[ids, rows, *_exact.tensors_of(grad)]))
+    return tf.group(done)
+
+
+def _whole_table_update(original, optimizer, gradient, shadow, slots, on_ps: bool):
+    """The table's update as one unit under the table's lock (a table with a policy; `TABLE_UPDATES_PER_SHARD`)."""
+    lock, step = _table_state(optimizer, shadow.params)
+    params = shadow.params
+    admission = _tfra.admission_of(params)
+    device = params.devices[0]
+    if on_ps:
+        # Read from the worker's buffers before the lock, sent once.
+        step_ids = _exact.on_device(shadow.ids.read_value(), device)
+        step_rows = _exact.on_device(shadow.read_value(do_prefetch=False), device)
+        gradient = _exact.on_device(gradient, device)
+        ready = [step_ids, step_rows, *_exact.tensors_of(gradient)]
+    else:
+        ready = _exact.tensors_of(gradient)
+
+    def update():
+        with (_shadows.buffers_on(device, [shadow, *slots]) if on_ps else contextlib.nullcontext()), \
+                (tf.device(device) if on_ps else contextlib.nullcontext()):
+            return locked(*((step_ids, step_rows) if on_ps else (shadow.ids.read_value(),
+                                                                  shadow.read_value(do_prefetch=False))))
+
+    def locked(ids, forward_rows):
+        fresh, exists = params.lookup(ids, return_exists=True)
+        rows = tf.where(tf.reshape(exists, [-1, 1]), fresh, forward_rows)
+        loads = [_shadows.write_buffer(shadow, rows)]
+        for slot in slots:
+            loads.append(_shadows.write_buffer(
+                slot, _fresh_slot_rows(optimizer, slot, *slot.params.lookup(ids, return_exists=True))))
+        with tf.control_dependencies(loads):
+            done = _exact.run_counted(optimizer, step, lambda: original(optimizer, gradient, shadow))
+        with tf.control_dependencies([done]):
+            new_rows = shadow.read_value(do_prefetch=False)
+            new_slots = [slot.read_value(do_prefetch=False) for slot in slots]
+            if admission is not None:
+                # Only admitted keys get a row and slots (tf_psx.tables.TablePolicy).
+                keep = tf.reshape(admission(ids), [-1])
+                ids = tf.reshape(ids, [-1])
+                ids = tf.boolean_mask(ids, keep)
+                new_rows = tf.boolean_mask(new_rows, keep)
+                new_slots = [tf.boolean_mask(value, keep) for value in new_slots]
+            writes = [params.upsert(ids, new_rows)]
+            writes += [slot.params.upsert(ids, value) for slot, value in zip(slots, new_slots)]
+            if params.restrict_policy is not None:
+                writes.append(params.restrict_policy.apply_update(ids))
+        with tf.control_dependencies(writes):
+            return tf.identity(done)
+
+    def once():
+        return _step_once.once(optimizer, f"tfra/{params.name}", lambda: tf.device(params.devices[0]), update,
+                               step.read_value)
+
+    # The lock waits for the gradient (the forward and backward pass), and on the ps for the step's ids and rows.
+    return _exact.execute_unordered(lock, once, step, ready=ready)
+
+
+def tfra_apply_gradients_fn(optimizer, tfra_fn):
+    """An exact `_distributed_apply_gradients_fn` for a TFRA-wrapped optimizer.
+
+    Args:
+      optimizer: a tf-keras optimizer already wrapped by TFRA's
+        `DynamicEmbeddingOptimizer`.
+      tfra_fn: TFRA's own function, used when the strategy in scope does not
+        ask for exact updates.
+
+    Returns:
+      A function with the signature of tf-keras's
+      `_distributed_apply_gradients_fn(distribution, grads_and_vars, **kwargs)`.
+    """
+
+    def apply_gradients_fn(distribution, grads_and_vars, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        with_policy = any(_tfra.is_tfra_shadow(var) and _tfra.admission_of(var.params) is not None
+                          for _, var in grads_and_vars)
+        if not _exact.strategy_wants_exact(optimizer) and not with_policy:
+            # Tables with admission always take the path below, which writes admitted keys only.
+            return tfra_fn(distribution, grads_and_vars, **kwargs)
+        original = _door.original_update_step()
+
+        def apply_one(var, grad):
+            if _tfra.is_tfra_shadow(var):
+                return _tfra_locked_update(original, optimizer, grad, var)
+            return _door.update_step(optimizer, grad, var)
+
+        with _exact.grouped_apply(optimizer) as outputs:
+            for grad, var in grads_and_vars:
+                if _tfra.is_tfra_shadow(var):
+                    # TFRA's shadows report the coordinator's device; their
+                    # update runs where the handles live, not "colocated".
+                    with tf.compat.v1.colocate_with(None, ignore_existing=True):
+                        apply_one(var, grad)
+                else:
+                    distribution.extended.update(var, apply_one, args=(grad,), group=False)
+            bump = _exact.bump_iterations(optimizer)
+            if not optimizer.use_ema:  # inside the apply, the bump can join a unit (`grouped_apply`)
+                counted = optimizer.iterations.assign_add(1) if bump is None else bump(1)
+        if optimizer.use_ema:
+            _door.update_moving_average(optimizer, [var for _, var in grads_and_vars])
+            counted = optimizer.iterations.assign_add(1) if bump is None else bump(1)
+        return _exact.after_updates(counted, outputs)
+
+    return apply_gradients_fn
+
+
+def _exact_apply(optimizer, tfra_fn):
+    """`tfra_apply_gradients_fn`, with the variables' locked updates installed (the table apply runs them too)."""
+    _exact.install()
+    return tfra_apply_gradients_fn(optimizer, tfra_fn)
+
+
+def wrap_tfra_optimizer(optimizer, bp_v2: bool = False):
+    """Applies TFRA's DynamicEmbeddingOptimizer to `optimizer` once (if the user did not), and the exact apply; returns it."""
+    return _tfra.wrap_tfra_optimizer(optimizer, _exact_apply, bp_v2=bp_v2)
+
+
+def install_tfra_optimizer_hook() -> None:
+    """Makes tf-keras `Model.compile` wrap the optimizer of a model with a DynamicEmbedding (tf_psx._tf.tfra)."""
+    _tfra.install_tfra_optimizer_hook(wrap_tfra_optimizer)
