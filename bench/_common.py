@@ -324,6 +324,51 @@ def time_fits_paired(fits: dict, warmup_steps: int, timed_steps: int, pids: dict
     return results
 
 
+def kernel_ms(run, steps: int, update_scope: str) -> dict:
+    """{"update": {kernel type: ms/step}, "rest": {...}}: TF profiler kernel time of `run(steps)`, per step.
+
+    Every TF op event of the trace (named "op name:op type") is summed by
+    its op type: wall time of the kernel's events, which on 2 shared cores
+    includes time a kernel's thread waited for a core. "update" holds the
+    ops whose name starts with `update_scope` + "/" (the optimizer's name
+    scope: its apply, and tf_psx's locked updates inside it), "rest" the
+    others (the forward and backward pass, the input).
+    """
+    import glob  # pylint: disable=import-outside-toplevel
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorflow.core.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
+
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        try:
+            run(steps)
+        finally:
+            tf.profiler.experimental.stop()
+        space = xplane_pb2.XSpace()
+        with open(sorted(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True))[-1], "rb") as file:
+            space.ParseFromString(file.read())
+    return kernel_totals(space, steps, update_scope)
+
+
+def kernel_totals(space, steps: int, update_scope: str) -> dict:
+    """`kernel_ms` of a parsed profile (an XSpace proto) of `steps` steps."""
+    import collections  # pylint: disable=import-outside-toplevel
+
+    totals = {"update": collections.Counter(), "rest": collections.Counter()}
+    for plane in space.planes:
+        for line in plane.lines:
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                if ":" not in name or "::" in name or name.startswith("Eager"):
+                    continue  # not an op's kernel (the executor's and the runtime's own events)
+                op_name, op_type = name.rsplit(":", 1)
+                side = "update" if op_name.startswith(update_scope + "/") else "rest"
+                totals[side][op_type] += event.duration_ps / 1e9 / steps
+    return {side: dict(counter) for side, counter in totals.items()}
+
+
 def interleaved(script: str, variants: list[tuple], rounds: int = ROUNDS, timeout: float = CHILD_TIMEOUT_S,
                 log=print, round_args=None) -> dict:
     """{variant: [child result per round]}: `rounds` rounds of `python SCRIPT --child *variant`, order rotated.

@@ -31,7 +31,12 @@ does not straddle it.
 `--split` also pairs each table with its layer frozen (trainable=False), 1 worker: the
 step without the table's update, to split its cost into lookup and update.
 
-`python bench/dynamic_vs_static.py [--rounds N] [--workers 1 2] [--with-singles] [--split]`.
+`--kernels` also profiles ShardedEmbedding and DynamicEmbedding (1 worker, one process per round, one
+model each on one cluster, TIMED_STEPS steps each under TF's profiler after the warm-up): kernel ms per
+step by op type, in the optimizer's update and in the rest of the step (bench/_common.py kernel_ms), TFRA's
+hash-table kernels summed apart.
+
+`python bench/dynamic_vs_static.py [--rounds N] [--workers 1 2] [--with-singles] [--split] [--kernels]`.
 """
 
 from __future__ import annotations
@@ -59,6 +64,9 @@ PAIRED = ("ShardedEmbedding", "DynamicEmbedding", ONE_LOCK)
 # update of the table), to split a step into the table's lookup and its update. 1 worker, paired.
 FROZEN = " (frozen)"
 SPLIT = ("ShardedEmbedding", "ShardedEmbedding" + FROZEN, "DynamicEmbedding", "DynamicEmbedding" + FROZEN)
+# `--kernels`: the variants profiled, 1 worker.
+KERNELS = ("ShardedEmbedding", "DynamicEmbedding")
+TOP_KERNELS = 6
 
 
 def _model(tf, tf_psx, strategy, name: str):
@@ -100,12 +108,25 @@ def child(name: str, workers: str, shift: str) -> None:
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from _common import WINDOWS, time_fit_cpu, time_fits_paired  # pylint: disable=import-outside-toplevel
+    from _common import WINDOWS, kernel_ms, time_fit_cpu, time_fits_paired  # pylint: disable=import-outside-toplevel
     from tf_psx import exact_tables  # pylint: disable=import-outside-toplevel
 
     cluster = tf_psx.LocalCluster(num_workers=int(workers), num_ps=2).start()
     strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2", exact_updates=(name != TFRA_APPLY))
     pids = {"process": os.getpid()}
+    if name == "kernels":
+        profiles = {}
+        for variant in KERNELS:
+            model, dataset_fn, _ = _model(tf, tf_psx, strategy, variant)
+            data = tf.keras.utils.experimental.DatasetCreator(dataset_fn)
+
+            def fit(steps, model=model, data=data):
+                model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
+
+            fit(WARMUP_STEPS)
+            profiles[variant] = kernel_ms(fit, TIMED_STEPS, model.optimizer.name)
+        print(json.dumps(profiles), flush=True)
+        os._exit(0)  # pylint: disable=protected-access  (in-process servers cannot be stopped)
     if name not in ("paired", "split"):
         model, dataset_fn, callbacks = _model(tf, tf_psx, strategy, name)
         ms, cpu, windows = time_fit_cpu(model, dataset_fn, WARMUP_STEPS, TIMED_STEPS, pids,
@@ -136,6 +157,29 @@ def child(name: str, workers: str, shift: str) -> None:
     os._exit(0)  # pylint: disable=protected-access  (in-process servers cannot be stopped)
 
 
+def _kernel_rows(profiles: list[dict], spread_text) -> list[dict]:
+    """Rows of `--kernels`: per variant and side, all kernels and TFRA's, and the costliest kernels of the update."""
+    import statistics  # pylint: disable=import-outside-toplevel
+
+    rows = []
+    for variant in KERNELS:
+        for side, label in (("update", "the optimizer's update"), ("rest", "the rest of the step")):
+            every = [sum(profile[variant][side].values()) for profile in profiles]
+            tfra = [sum(ms for kind, ms in profile[variant][side].items() if kind.startswith("TFRA>"))
+                    for profile in profiles]
+            rows.append({"metric": f"1 worker, kernels: {variant}, {label}: kernel ms/step, all kernels "
+                                   "(TFRA's hash-table kernels)",
+                         "value": f"{spread_text(every)} ({spread_text(tfra)})"})
+        kinds = {kind for profile in profiles for kind in profile[variant]["update"]}
+        median = {kind: statistics.median(profile[variant]["update"].get(kind, 0.0) for profile in profiles)
+                  for kind in kinds}
+        top = sorted(median.items(), key=lambda item: -item[1])[:TOP_KERNELS]
+        rows.append({"metric": f"1 worker, kernels: {variant}, the optimizer's update: costliest kernels, ms/step "
+                               f"(median of {len(profiles)} rounds)",
+                     "value": ", ".join(f"{kind} {ms:.2f}" for kind, ms in top)})
+    return rows
+
+
 def main() -> None:
     import argparse  # pylint: disable=import-outside-toplevel
 
@@ -150,10 +194,15 @@ def main() -> None:
                         help="also DynamicEmbedding+policy and TFRA's own apply, one per process")
     parser.add_argument("--split", action="store_true",
                         help="also each table frozen (lookup without update), paired, 1 worker")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also kernel ms/step by op type under TF's profiler, 1 worker")
+    parser.add_argument("--no-paired", action="store_true", help="without the paired comparison (rows kept)")
     args = parser.parse_args()
-    variants = [("paired", workers) for workers in args.workers]
+    variants = [] if args.no_paired else [("paired", workers) for workers in args.workers]
     if args.split:
         variants.append(("split", 1))
+    if args.kernels:
+        variants.append(("kernels", 1))
     if args.with_singles:
         variants += [("DynamicEmbedding+policy", workers) for workers in args.workers]
         if 1 in args.workers:
@@ -165,7 +214,7 @@ def main() -> None:
                 f"(CPU {spread_text(per_round(results, 'cpu_ms_per_step'))})")
 
     rows = []
-    for workers in args.workers:
+    for workers in [] if args.no_paired else args.workers:
         paired = {name: [run[name] for run in runs[("paired", workers)]] for name in PAIRED}
         static, dynamic, one_lock = (paired[name] for name in PAIRED)
         for name in PAIRED:
@@ -190,6 +239,8 @@ def main() -> None:
                               "the rest of the step, no table update)",
                               ratios(split["DynamicEmbedding" + FROZEN], split["ShardedEmbedding" + FROZEN],
                                      "ms_per_step")))
+    if ("kernels", 1) in runs:
+        rows += _kernel_rows(runs[("kernels", 1)], spread_text)
     if (TFRA_APPLY, 1) in runs:
         rows.append({"metric": f"1 worker: {TFRA_APPLY} (exact_updates=False) ms/step (CPU ms/step), alone in its "
                                "process", "value": times(runs[(TFRA_APPLY, 1)])})

@@ -91,3 +91,25 @@ def test_paired_variants_alternate_windows_in_one_process_and_keep_each_ones_fas
     assert result["a"]["windows_ms"] == [6.0, 2.0, 5.0]  # ms per step: 60 ms over 10 steps, ...
     assert result["a"]["ms_per_step"] == pytest.approx(2.0) and result["b"]["ms_per_step"] == pytest.approx(4.0)
     assert result["a"]["cpu_ms_per_step"] == {}
+
+
+def test_kernel_time_is_summed_by_op_type_on_the_update_side_and_the_rest():
+    from tensorflow.core.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
+
+    common = _common()
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    events = {1: "Adam/critical_section_execute/find:TFRA>CuckooHashTableFindWithExists",
+              2: "Adam/Unique:Unique", 3: "model/embedding/find:TFRA>CuckooHashTableFindWithExists",
+              4: "ExecutorState::Process", 5: "EagerLocalExecute: Identity", 6: "Adamax/Unique:Unique"}
+    for key, name in events.items():
+        plane.event_metadata[key].id = key
+        plane.event_metadata[key].name = name
+    line = plane.lines.add()
+    # (metadata id, milliseconds) over 2 steps
+    for key, ms in [(1, 3.0), (1, 1.0), (2, 0.5), (3, 2.0), (4, 50.0), (5, 9.0), (6, 0.25)]:
+        line.events.add(metadata_id=key, duration_ps=int(ms * 1e9))
+    totals = common.kernel_totals(space, steps=2, update_scope="Adam")
+    assert totals["update"] == pytest.approx({"TFRA>CuckooHashTableFindWithExists": 2.0, "Unique": 0.25})
+    # "Adamax/" is not the optimizer "Adam"'s scope; the runtime's own events are not kernels.
+    assert totals["rest"] == pytest.approx({"TFRA>CuckooHashTableFindWithExists": 1.0, "Unique": 0.125})
