@@ -118,15 +118,16 @@ SUMMARY = {
     "dynamic_vs_static": (
         "Does a hash-table embedding (TFRA DynamicEmbedding) train as fast as a fixed sharded table?",
         "1 worker(s): DynamicEmbedding / ShardedEmbedding",
-        "Run of 2026-12-06 04:40, paired (ShardedEmbedding, DynamicEmbedding and DynamicEmbedding with its update "
-        "on the worker in one process per worker count, windows interleaved; 5 rounds): 1.97 (1.8-2.07) with 1 "
-        "worker, 2.01 (1.77-2.12) with 2, after the exact table update moved to the table's ps task (the update "
-        "on the ps / on the worker: 0.94 and 0.95 of the ms per step). The split run (each table also frozen, "
-        "trainable=False: the step without the table's update) puts 0.42 of DynamicEmbedding's step in the "
-        "table's update (about 6 ms; ShardedEmbedding's update: 0.16, about 1 ms) and the rest 1.41x "
-        "ShardedEmbedding's: three lookups and three upserts (row, Adam's m and v), each partitioned over the "
-        "shards and stitched back. Meeting 1.3 needs the update near 1.2 ms: one partition, each shard's update "
-        "on its own ps task (not built)."),
+        "Run of 2026-12-06 07:32, paired (ShardedEmbedding, DynamicEmbedding and DynamicEmbedding with one table "
+        "lock in one process per worker count, windows interleaved; 5 rounds): 1.89 (1.75-2.1) with 1 worker, "
+        "1.83 (1.56-1.96) with 2, with each shard's update made on the ps task that owns it under its own lock "
+        "(per shard / one table lock: 0.94 and 0.92 of the ms per step). TFRA's own apply, with no lock at all, "
+        "is 2.04x too. The kernel profile (--kernels, 3 rounds) shows the floor: TFRA's hash-table kernels take "
+        "5.4 ms per step of the update (CuckooHashTableFindWithExists 3.6, CuckooHashTableInsert 1.8: row, "
+        "Adam's m and v, read and written on each of 2 shards), against 1.45 ms of kernels in "
+        "ShardedEmbedding's whole update; meeting 1.3 leaves the update about 1.2 ms. An exact update must read "
+        "the rows and slots afresh and write them back, so with TFRA's tables (one per slot) this needs a table "
+        "that keeps a row and its slots under one key, not built."),
     "vocab_scaling": (
         "Does the cost of a step follow the rows touched, not the table size (10k -> 2M rows)?",
         "tf_psx SGD momentum",

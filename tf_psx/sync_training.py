@@ -30,14 +30,9 @@ steps applied so far.
   optimizer's own apply (so exact updates, TFRA tables, slots, `iterations`
   and learning-rate schedules behave as with one worker), clears the
   accumulators and starts the next version.
-* **Accumulators.** A dense gradient: a variable of the same shape. A
-  sparse one (`IndexedSlices`): a variable of the same shape plus a mark
-  per row, so the apply is a sparse apply of the touched rows, deduplicated
-  as the optimizer would. A TFRA table: a hash table of gradient sums per
-  key on the sync state's ps task; the rows the apply starts from are read
-  from the table then (a key still absent gets the table's default, which
-  differs from the row the forward pass drew when the initializer is
-  random).
+* **Accumulators** (tf_psx.sync_accumulators): a sum beside each
+  variable (a TFRA table: a hash table of sums per key), which the R-th
+  arrival's apply reads as the mean gradient.
 * **A step run again.** TF re-runs a closure whose worker died, on
   another worker, with the same step token (tf_psx._tf.step_tokens). The
   state keeps three rings of tokens beside its header, written by the same
@@ -69,7 +64,7 @@ steps applied so far.
 and TFRA lives in the door: `tf_psx._tf.sync_training` (the optimizer's
 `_internal_apply_gradients`, the tail flush in `Model.fit`, the claim's
 graph bookkeeping, the learning-rate schedule, the closure queue, tf.data's
-sleep) and `tf_psx._tf.shadows` (loading TFRA's shadows at the apply).
+sleep).
 `install` passes `controller_of` to it; the strategy's `run` wraps each
 step with `SyncController.wrap_step`.
 """
@@ -84,8 +79,8 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import step_once as _step_once
-from tf_psx._tf import exact_updates as _optimizer_door, runtime as _runtime, shadows as _shadows
+from tf_psx import step_once as _step_once, sync_accumulators as _accumulators
+from tf_psx._tf import exact_updates as _optimizer_door, runtime as _runtime
 from tf_psx._tf import step_tokens as _tokens, sync_training as _door, tfra as _tfra
 from tf_psx.errors import SyncStepError
 
@@ -151,123 +146,6 @@ def _write(state, header, token=None, held=None):
 
 def _set(vector, index: int, value):
     return tf.tensor_scatter_nd_update(vector, [[index]], tf.reshape(tf.cast(value, vector.dtype), [1]))
-
-
-def _journal_key(accumulator) -> str:
-    return f"sync_sum_{id(accumulator)}"
-
-
-def _rows(gradient):
-    """The rows an add of `gradient` writes (an `IndexedSlices`' indices), or None: all of them."""
-    return tf.cast(gradient.indices, tf.int64) if isinstance(gradient, tf.IndexedSlices) else None
-
-
-class _DenseAccumulator:
-    """Sums dense gradients of one variable."""
-
-    def __init__(self, strategy, variable):
-        self.variable = variable
-        with tf.init_scope(), strategy.extended.colocate_vars_with(variable):
-            self.sum = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
-                                   name="tf_psx_sync_sum", aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        # What an arrival writes (saved in a journal, tf_psx.step_once), and where its token ring lives.
-        self.writes = [self.sum]
-        self.scope = lambda: strategy.extended.colocate_vars_with(variable)
-
-    def add(self, gradient):
-        if isinstance(gradient, tf.IndexedSlices):
-            return self.sum.scatter_add(gradient)
-        return self.sum.assign_add(gradient, read_value=False)
-
-    def mean(self, count):
-        return self.sum.read_value() / tf.cast(count, self.sum.dtype), []
-
-    def clear(self):
-        return self.sum.assign(tf.zeros_like(self.sum), read_value=False)
-
-
-class _SparseAccumulator:
-    """Sums `IndexedSlices` gradients of one variable and marks the rows they touch.
-
-    The marks are a vector of the variable's row count (a variable of
-    unknown shape, such as a list of ids, fails TF 2.16's remote function
-    calls), so the apply reads the touched rows with one `where`.
-    """
-
-    def __init__(self, strategy, variable):
-        self.variable = variable
-        with tf.init_scope(), strategy.extended.colocate_vars_with(variable):
-            self.sum = tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False,
-                                   name="tf_psx_sync_sum", aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            self.marks = tf.Variable(tf.zeros(variable.shape[:1], tf.int32), trainable=False,
-                                     name="tf_psx_sync_marks", aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        self._touched = None
-        self.writes = [self.sum, self.marks]
-        self.scope = lambda: strategy.extended.colocate_vars_with(variable)
-
-    def add(self, gradient):
-        if not isinstance(gradient, tf.IndexedSlices):
-            return tf.group(self.sum.assign_add(gradient, read_value=False),
-                            self.marks.assign(tf.ones_like(self.marks), read_value=False))
-        indices = tf.cast(gradient.indices, tf.int64)
-        ones = tf.ones(tf.shape(indices), tf.int32)
-        return tf.group(self.sum.scatter_add(tf.IndexedSlices(gradient.values, indices)),
-                        self.marks.scatter_max(tf.IndexedSlices(ones, indices)))
-
-    def mean(self, count):
-        touched = tf.reshape(tf.where(self.marks.read_value() > 0), [-1])
-        self._touched = touched
-        values = tf.gather(self.sum.read_value(), touched) / tf.cast(count, self.sum.dtype)
-        return tf.IndexedSlices(values, touched, tf.shape(self.sum, out_type=tf.int64)), []
-
-    def clear(self):
-        touched = self._touched
-        zeros = tf.zeros(tf.concat([tf.shape(touched), tf.shape(self.sum)[1:]], 0), self.sum.dtype)
-        return tf.group(self.sum.scatter_update(tf.IndexedSlices(zeros, touched)),
-                        self.marks.scatter_update(tf.IndexedSlices(tf.zeros(tf.shape(touched), tf.int32), touched)))
-
-
-class _TableAccumulator:
-    """Sums a TFRA table's gradient rows per key, in a hash table of its own on the sync state's ps task."""
-
-    def __init__(self, shadow, anchor):
-        self.variable = shadow
-        params = shadow.params
-        self._keys = None
-        with tf.init_scope():
-            self.sums = _tfra.tfra().Variable(
-                key_dtype=params.key_dtype, value_dtype=params.value_dtype, dim=params.dim,
-                devices=[anchor.device], name=f"tf_psx_sync_{params.name.replace('/', '_')}", initializer=0.0,
-                trainable=False)
-        # No journal: its rows live in a hash table (an arrival cut off midway counts as "unsure").
-        self.writes = []
-        self.scope = lambda: tf.device(anchor.device)
-
-    def add(self, gradient):
-        ids = tf.reshape(self.variable.ids.read_value(), [-1])
-        if isinstance(gradient, tf.IndexedSlices):
-            position = tf.cast(gradient.indices, tf.int32)
-            keys, values = tf.gather(ids, position), gradient.values
-        else:
-            keys, values = ids, gradient
-        keys, position = tf.unique(keys)
-        values = tf.math.unsorted_segment_sum(values, position, tf.shape(keys)[0])
-        # Under the sync lock: nothing else writes the sums in between.
-        return self.sums.upsert(keys, self.sums.lookup(keys) + values)
-
-    def mean(self, count):
-        keys, summed = self.sums.export()
-        self._keys = keys
-        rows = tf.shape(keys)[0]
-        shadow = self.variable
-        # The optimizer's apply reads the step's keys and rows from the shadow.
-        loads = [_shadows.write_buffer(shadow.ids, keys), _shadows.write_buffer(shadow, shadow.params.lookup(keys))]
-        gradient = tf.IndexedSlices(summed / tf.cast(count, summed.dtype), tf.range(rows),
-                                    tf.stack([rows, shadow.params.dim]))
-        return gradient, loads
-
-    def clear(self):
-        return self.sums.remove(self._keys)
 
 
 class _Applier:
@@ -435,11 +313,11 @@ class SyncController:
         accumulator = self._accumulators.get(key)
         if accumulator is None:
             if _tfra.is_tfra_shadow(variable):
-                accumulator = _TableAccumulator(variable, self.state)
+                accumulator = _accumulators.TableAccumulator(variable, self.state)
             elif isinstance(gradient, tf.IndexedSlices):
-                accumulator = _SparseAccumulator(self.strategy, variable)
+                accumulator = _accumulators.SparseAccumulator(self.strategy, variable)
             else:
-                accumulator = _DenseAccumulator(self.strategy, variable)
+                accumulator = _accumulators.DenseAccumulator(self.strategy, variable)
             self._accumulators[key] = accumulator
         return accumulator
 
@@ -506,7 +384,7 @@ class SyncController:
 
         def arrival(header, taken):
             """Adds the gradients and commits: the header with one more arrival (and `taken` more slots)."""
-            saves = [_step_once.save_journal(self, _journal_key(acc), acc.scope, acc.writes, _rows(gradient))
+            saves = [_step_once.save_journal(self, _accumulators.journal_key(acc), acc.scope, acc.writes, _accumulators.rows_written(gradient))
                      for acc, gradient in zip(applier.accumulators, gradients) if acc.writes]
             with tf.control_dependencies(saves):
                 marked = _write(self.state, _set(header, _F_PENDING, set_id))
@@ -551,7 +429,7 @@ class SyncController:
             restored = tf.constant(False)
             for number, accumulators in sets:
                 def restore_set(accumulators=accumulators):
-                    results = [_step_once.restore_journal(self, _journal_key(acc), acc.writes)
+                    results = [_step_once.restore_journal(self, _accumulators.journal_key(acc), acc.writes)
                                if acc.writes else tf.constant(False) for acc in accumulators]
                     return tf.reduce_all(tf.stack(results)) if results else tf.constant(True)
                 restored = tf.cond(tf.equal(s[_F_PENDING], number), restore_set,

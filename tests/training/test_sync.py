@@ -250,7 +250,7 @@ def test_an_arrival_cut_off_midway_counts_its_gradient_once(local_cluster, monke
     #    on: the next step finishes that version at its arrival (applying
     #    nothing again) and adds its own gradient to the next version, which
     #    the re-run (a twin) then applies.
-    from tf_psx import sync_training  # pylint: disable=import-outside-toplevel
+    from tf_psx import sync_accumulators, sync_training  # pylint: disable=import-outside-toplevel
 
     strategy = tf_psx.ParameterServerStrategy(local_cluster, sync=True, sync_timeout_s=2)
     with strategy.scope():
@@ -258,7 +258,7 @@ def test_an_arrival_cut_off_midway_counts_its_gradient_once(local_cluster, monke
         optimizer = tf.keras.optimizers.SGD(0.5)
         die_after_adds = tf.Variable(False, trainable=False)
         die_after_apply = tf.Variable(False, trainable=False)
-    real_add, real_apply = sync_training._DenseAccumulator.add, sync_training._Applier.apply  # pylint: disable=protected-access
+    real_add, real_apply = sync_accumulators.DenseAccumulator.add, sync_training._Applier.apply  # pylint: disable=protected-access
 
     def add_then_maybe_die(accumulator, gradient):
         with tf.control_dependencies([real_add(accumulator, gradient)]):
@@ -268,7 +268,7 @@ def test_an_arrival_cut_off_midway_counts_its_gradient_once(local_cluster, monke
         with tf.control_dependencies([real_apply(applier, count, version)]):
             return tf.debugging.assert_equal(die_after_apply.read_value(), False, message="died after the apply")
 
-    monkeypatch.setattr(sync_training._DenseAccumulator, "add", add_then_maybe_die)  # pylint: disable=protected-access
+    monkeypatch.setattr(sync_accumulators.DenseAccumulator, "add", add_then_maybe_die)
     monkeypatch.setattr(sync_training._Applier, "apply", apply_then_maybe_die)  # pylint: disable=protected-access
     run = _token_step(strategy, weight, optimizer, fail_at="none")
     run(1)
