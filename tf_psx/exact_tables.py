@@ -20,6 +20,12 @@ the forward pass used (TFRA draws a fresh random row per lookup of an
 absent key). Adam-family bias correction uses a per-shard step counter,
 which counts the steps applied to the shard, as for ordinary variables.
 
+A step the coordinator runs again after a worker failure carries the same
+token (tf_psx.step_once): a shard that already applied it skips it, and a
+shard's update cut off midway is undone from the shard's journal
+(`_ShardJournal`: the keys, rows and slots it was about to overwrite) by
+the next holder of the shard's lock, then applied once by the re-run.
+
 A table with admission or eviction (tf_psx.tables.TablePolicy) or a TFRA
 restrict policy is updated as one unit under one table lock instead
 (`table_lock`, which eviction also takes), from its first ps task.
@@ -171,35 +177,98 @@ def _split(params, ids, rows, gradient):
     return list(zip(parts_ids, parts_rows, grads))
 
 
+class _ShardJournal:
+    """What one shard's update is about to overwrite, kept on its ps task so a cut-off attempt can be undone.
+
+    Under the shard's lock, after the update looked up its keys' rows and
+    slots and before it writes them back, it saves the keys, the values and
+    whether each key existed (per table: the rows' and each slot's), then
+    the step's token. A step cut off midway (its worker killed) leaves the
+    ring's pending mark (tf_psx.step_once); the next lock holder then calls
+    `roll_back(pending)`: when the journal holds that token, the attempt may
+    have written back, so the saved values go back and keys that did not
+    exist are removed; otherwise the attempt stopped before its writes.
+    Either way the re-run then applies the step once.
+    """
+
+    def __init__(self, params, slots, index: int, device: str):
+        self.params, self.slots, self.index = params, slots, index
+        name = f"table_journal/{params.name}/{index}"
+        self.token = _shadows.TaskBuffer(device, f"{name}/token", tf.int64)
+        self.keys = _shadows.TaskBuffer(device, f"{name}/keys", params.key_dtype)
+        self.tables = [(table, _shadows.TaskBuffer(device, f"{name}/{number}/exists", tf.bool),
+                        _shadows.TaskBuffer(device, f"{name}/{number}/values", table.value_dtype))
+                       for number, table in enumerate([params] + [slot.params for slot in slots])]
+
+    def save(self, token, keys, looked_up: list):
+        """The ops that save `keys` and `looked_up` ((values, exists) per table, the rows' first), then `token`."""
+        data = [self.keys.write(keys)]
+        for (_, exists, values), (value, found) in zip(self.tables, looked_up):
+            data += [exists.write(found), values.write(value)]
+        with tf.control_dependencies(data):
+            return self.token.write(token)
+
+    def roll_back(self, pending):
+        """Undoes the writes of the attempt `pending` if it got as far as saving; a bool tensor (always True)."""
+
+        def undo():
+            keys = self.keys.read()
+            writes = []
+            for table, exists, values in self.tables:
+                found = tf.reshape(exists.read(), [-1])
+                old = values.read()
+                writes.append(_tfra.shard_insert(table, self.index, tf.boolean_mask(keys, found),
+                                                 tf.boolean_mask(old, found)))
+                writes.append(_tfra.shard_remove(table, self.index, tf.boolean_mask(keys, tf.logical_not(found))))
+            with tf.control_dependencies(writes):
+                return tf.constant(True)
+
+        def saved_by_pending():
+            return tf.cond(tf.equal(self.token.read(), pending), undo, lambda: tf.constant(True))
+
+        return tf.cond(self.token.written(), saved_by_pending, lambda: tf.constant(True))
+
+
 def _sharded_update(original, optimizer, gradient, shadow, slots):
     """Each shard's update as one unit on its ps task, under its lock (module docstring)."""
     params = shadow.params
     # Read from the worker's buffers before the locks; each shard gets its part once.
     parts = _split(params, shadow.ids.read_value(), shadow.read_value(do_prefetch=False), gradient)
+    step_token = _step_once.current()
     done = []
     for index, (ids, rows, grad) in enumerate(parts):
         device = params.devices[index]
         (lock, step), key = _shard_state(optimizer, params, index)
         ids, rows, grad = (_exact.on_device(value, device) for value in (ids, rows, grad))
+        # With a step token, a journal to undo an attempt cut off midway (None: no token, no re-run to tell).
+        journal = _ShardJournal(params, slots, index, device) if step_token is not None else None
 
-        def update(index=index, device=device, step=step, ids=ids, rows=rows, grad=grad):
+        def update(index=index, device=device, step=step, ids=ids, rows=rows, grad=grad, journal=journal):
             with _shadows.buffers_on(device, [shadow, *slots], tag=f"/{index}"), tf.device(device):
-                fresh, exists = _tfra.shard_lookup(params, index, ids, with_defaults=False)
+                looked_up = [_tfra.shard_lookup(params, index, ids, with_defaults=False)]
+                looked_up += [_tfra.shard_lookup(slot.params, index, ids) for slot in slots]
+                fresh, exists = looked_up[0]
                 loads = [_shadows.write_buffer(shadow, tf.where(tf.reshape(exists, [-1, 1]), fresh, rows))]
-                for slot in slots:
-                    loads.append(_shadows.write_buffer(
-                        slot, _fresh_slot_rows(optimizer, slot, *_tfra.shard_lookup(slot.params, index, ids))))
+                for slot, (value, found) in zip(slots, looked_up[1:]):
+                    loads.append(_shadows.write_buffer(slot, _fresh_slot_rows(optimizer, slot, value, found)))
                 with tf.control_dependencies(loads):
                     counted = _exact.run_counted(optimizer, step, lambda: original(optimizer, grad, shadow))
-                with tf.control_dependencies([counted]):
+                saved = [journal.save(step_token[0], ids, looked_up)] if journal is not None else []
+                with tf.control_dependencies([counted, *saved]):
                     writes = [_tfra.shard_insert(params, index, ids, shadow.read_value(do_prefetch=False))]
                     writes += [_tfra.shard_insert(slot.params, index, ids, slot.read_value(do_prefetch=False))
                                for slot in slots]
                 with tf.control_dependencies(writes):
                     return tf.identity(counted)
 
-        def once(key=key, device=device, update=update, step=step):
-            return _step_once.once(optimizer, key, lambda: tf.device(device), update, step.read_value)
+        def once(key=key, update=update, step=step, device=device, journal=journal):
+            def roll_back(pending):
+                with tf.device(device):
+                    return journal.roll_back(pending)
+
+            # The token ring beside the shard's counter (colocated: not split by the strategy's partitioner).
+            return _step_once.once(optimizer, key, _exact.beside(step), update, step.read_value,
+                                   roll_back=roll_back if journal is not None else None)
 
         # The lock waits for the shard's ids, rows and gradient on its ps task.
         done.append(_exact.execute_unordered(lock, once, step, ready=[ids, rows, *_exact.tensors_of(grad)]))
@@ -254,8 +323,7 @@ def _whole_table_update(original, optimizer, gradient, shadow, slots, on_ps: boo
             return tf.identity(done)
 
     def once():
-        return _step_once.once(optimizer, f"tfra/{params.name}", lambda: tf.device(params.devices[0]), update,
-                               step.read_value)
+        return _step_once.once(optimizer, f"tfra/{params.name}", _exact.beside(step), update, step.read_value)
 
     # The lock waits for the gradient (the forward and backward pass), and on the ps for the step's ids and rows.
     return _exact.execute_unordered(lock, once, step, ready=ready)

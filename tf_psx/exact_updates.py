@@ -161,7 +161,7 @@ def restore_counter_later(optimizer, name: str, value) -> None:
     optimizer.__dict__.setdefault(_PENDING_ATTR, {})[name] = int(value)
 
 
-def _scope_of(variable):
+def beside(variable):
     """The context in which a variable colocated with `variable` is made (on its ps task)."""
     strategy = tf.distribute.get_strategy()
     return lambda: strategy.extended.colocate_vars_with(variable)
@@ -169,7 +169,7 @@ def _scope_of(variable):
 
 def _state_for(optimizer, variable):
     """The (lock, step counter) of `variable`, on its ps task."""
-    return lock_state(optimizer, _door.var_key(optimizer, variable), _scope_of(variable), variable.device)
+    return lock_state(optimizer, _door.var_key(optimizer, variable), beside(variable), variable.device)
 
 
 def on_device(value, device: str):
@@ -282,7 +282,7 @@ def _locked_update(original, optimizer, gradient, variable):
 
     def update():
         # A step TF re-runs after a worker failure skips the variables its first attempt updated.
-        return _step_once.once(optimizer, _door.var_key(optimizer, variable), _scope_of(variable),
+        return _step_once.once(optimizer, _door.var_key(optimizer, variable), beside(variable),
                                lambda: run_counted(optimizer, step, run), step.read_value,
                                writes=writes, rows=rows, whole=whole)
 
@@ -465,7 +465,7 @@ def _grouped_update(optimizer, device: str, entries: list, bump=None):
         return tf.add_n([step.read_value() for step in steps])
 
     def update():
-        return _step_once.once(optimizer, key, _scope_of(variables[0]), apply, skip, writes=writes, whole=whole,
+        return _step_once.once(optimizer, key, beside(variables[0]), apply, skip, writes=writes, whole=whole,
                                units=len(entries))
 
     ready = [tensor for gradient in gradients for tensor in tensors_of(gradient)]
@@ -498,7 +498,7 @@ def bump_iterations(optimizer):
             ready = [tf.identity(value) for value in (_step_once.current()[0], delta) if tf.is_tensor(value)]
 
         def update():
-            return _step_once.once_counter(optimizer, "iterations", _scope_of(iterations), iterations, delta)
+            return _step_once.once_counter(optimizer, "iterations", beside(iterations), iterations, delta)
 
         return execute_unordered(entry[0], update, iterations, ready=ready)
 
@@ -512,9 +512,10 @@ def rerun_counts(optimizer) -> dict:
       {"steps": re-run steps whose `iterations` bump was skipped (their first
       attempt had counted), "updates": variable and table updates skipped
       (applied by a first attempt), "unsure": look-ups that could not tell
-      (applied; a re-run more than `step_once.RING_SIZE` steps late, or a
-      table update cut off midway), "rolled_back": variable updates cut off
-      midway and restored from their journal (then applied by the re-run)}.
+      (applied; a re-run more than `step_once.RING_SIZE` steps late, or an
+      update of a table with a policy cut off midway), "rolled_back":
+      variable and table shard updates cut off midway and restored from
+      their journal (then applied by the re-run)}.
     """
     everything = _step_once.counts(optimizer)
     apart = _step_once.counts_of(optimizer, "iterations")["skipped"]  # the bump's own ring

@@ -205,7 +205,7 @@ def _restore(journal, writes, whole):
     return tf.cond(count >= 0, lambda: write_back(tf.range(count)), lambda: tf.constant(False))
 
 
-def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, whole=(), units=1):
+def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, whole=(), units=1, roll_back=None):
     """`apply()` unless the step being traced already applied here, then `skip()`; run it under `key`'s lock.
 
     Args:
@@ -226,6 +226,12 @@ def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, who
       units: the updates `apply` makes (a ps task's group of dense
         updates: tf_psx.exact_updates.grouped_apply); a skip or a roll-back
         counts that many.
+      roll_back: for an update with no journal of variables (`writes` empty):
+        a function of the token of an attempt cut off midway that undoes
+        what that attempt wrote and returns a bool tensor, True when the
+        writes are as before it (undone, or never made); made under the
+        lock. A TFRA table shard's update keeps a journal of its own
+        (tf_psx.exact_tables). None: such an attempt counts as "unsure".
 
     Without a token (a path that has none: DatasetCreator, a custom loop),
     `apply()` as before. Every call for one `key` passes the same `writes`.
@@ -243,9 +249,13 @@ def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, who
                       tf.constant(_ROLLED_BACK, tf.int64)])
     held = ring.sparse_read(slots)
 
-    def roll_back():
+    def rolled_back():
         # An attempt was cut off between its pending mark and its record: its rows go back.
-        restored = tf.cast(_restore(journal, writes, whole) if journal is not None else tf.constant(False), tf.int64)
+        if journal is not None:
+            restored = _restore(journal, writes, whole)
+        else:
+            restored = roll_back(held[3]) if roll_back is not None else tf.constant(False)
+        restored = tf.cast(restored, tf.int64)
         unsure = held[1] + units * (1 - restored)
         cleared = ring.scatter_update(tf.IndexedSlices(tf.stack([unsure, held[4] + units * restored,
                                                                  tf.constant(0, tf.int64)]),
@@ -256,7 +266,7 @@ def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, who
     # The "unsure" count once a cut-off attempt is resolved. (One four-way
     # `switch_case` for both conds was slower: 0.88-0.98x exact_arrays'
     # examples/s in an A/B of 3 rounds, bench/exact_fit.py.)
-    unsure_now = tf.cond(held[3] > 0, roll_back, lambda: tf.identity(held[1]))
+    unsure_now = tf.cond(held[3] > 0, rolled_back, lambda: tf.identity(held[1]))
 
     def count_twin():
         return ring.scatter_update(tf.IndexedSlices(held[2:3] + units, slots[2:3]))

@@ -25,7 +25,12 @@ cluster of TF_CONFIG): no killer thread; the test kills workers through the
 launcher's pids and the launcher restarts them. It prints
 "tf_psx crash fit started" once the first step is done.
 
-Usage: exact_crash.py --workers 2 [--kills 10] [--batches 8000] [--seed 1] [--no-tokens] [--sync] [--launched]
+With `--tfra` the rows are a TFRA hash table over the 2 ps tasks (exact_epochs.py's
+`--tfra` model): each shard's update is made on its ps task under its own
+lock (tf_psx.exact_tables), so a step cut off between the two shards'
+updates must apply the missing one once and the other not again.
+
+Usage: exact_crash.py --workers 2 [--kills 10] [--batches 8000] [--seed 1] [--no-tokens] [--sync] [--launched] [--tfra]
 """
 
 from __future__ import annotations
@@ -115,6 +120,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-tokens", action="store_true", help="the behaviour before step tokens")
     parser.add_argument("--sync", action="store_true", help="sync=True (the batches divisible by the workers)")
     parser.add_argument("--launched", action="store_true", help="the chief of a tf-psx launch job (no killer)")
+    parser.add_argument("--tfra", action="store_true",
+                        help="the rows in a TFRA hash table over the 2 ps tasks (TFRA's layer, as its demos write it)")
     parser.add_argument("--stall-report-s", type=float, default=90.0,
                         help="a StallDoctor report (closures, task states, stacks) after this many silent seconds")
     args = parser.parse_args(argv)
@@ -130,7 +137,7 @@ def main(argv=None) -> int:
     with (tf_psx.launched_or(local) if args.launched else local) as cluster:
         sync = dict(sync=True, sync_timeout_s=30) if args.sync else {}
         strategy = tf_psx.ParameterServerStrategy(cluster, "fixed:2", **sync)
-        model = build(strategy, count, dense=True)
+        model = build(strategy, count, tfra=args.tfra, dense=True)
         running = threading.Event()
         killer = Killer(cluster, args.workers, 0 if args.launched else args.kills, args.seed, running)
         killer.start()
@@ -143,7 +150,7 @@ def main(argv=None) -> int:
         finally:
             killer.finish(RESTART_WAIT_S)
         seconds = time.monotonic() - start
-        rows = rows_of(model, count, tfra=False)
+        rows = rows_of(model, count, tfra=args.tfra)
         grad = GRAD / args.workers if args.sync else GRAD
         applied = [applications(row, grad) for row in rows]
         # The steps each dense offset element was updated by (every step once: `steps`, or the sync steps).

@@ -11,6 +11,8 @@ ones > 1 (measured before the fix with 2 workers: stock SGD 1.37, LazyAdam
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import tensorflow as tf
 
@@ -275,7 +277,7 @@ def test_an_update_cut_off_midway_is_rolled_back_and_applied_once_by_its_rerun(l
 
 
 def test_an_update_without_journal_cut_off_midway_is_counted_unsure():
-    # A table update (TFRA) keeps no journal: the re-run applies again, and
+    # An update with no journal (a TFRA table with a policy): the re-run applies again, and
     # the count says so instead of staying silent.
     from tf_psx import step_once  # pylint: disable=import-outside-toplevel
 
@@ -286,6 +288,71 @@ def test_an_update_without_journal_cut_off_midway_is_counted_unsure():
     step(1)
     assert int(value.numpy()) == 2  # applied twice: no journal to restore from
     assert step_once.counts(owner) == {"skipped": 0, "unsure": 1, "rolled_back": 0}
+
+
+def test_a_table_shard_update_cut_off_midway_is_rolled_back_from_its_journal_and_applied_once():
+    # tf_psx.exact_tables: a hash-table shard's update saves the rows and slots it is about to overwrite
+    # (and which keys existed) with its token; an attempt cut off after its writes is undone by the next
+    # lock holder: old values back, keys it added removed. Real TFRA tables on this process's CPU.
+    import types  # pylint: disable=import-outside-toplevel
+
+    from tf_psx import exact_tables, step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx._tf import step_tokens, tfra  # pylint: disable=import-outside-toplevel
+
+    de = tfra.tfra()
+    device = "/CPU:0"
+    rows, slot = (de.Variable(key_dtype=tf.int64, value_dtype=tf.float32, dim=1, devices=[device], name=name,
+                              initializer=0.0) for name in ("cut_rows", "cut_slot"))
+    rows.upsert(tf.constant([1], tf.int64), tf.constant([[10.0]]))
+    slot.upsert(tf.constant([1], tf.int64), tf.constant([[5.0]]))
+    owner = _Owner()
+    journal = exact_tables._ShardJournal(rows, [types.SimpleNamespace(params=slot)], 0, device)  # pylint: disable=protected-access
+
+    @tf.function
+    def step(token, keys, cut_after, cut_before):
+        def apply():
+            looked_up = [tfra.shard_lookup(table, 0, keys) for table in (rows, slot)]
+            with tf.control_dependencies(looked_up[0]):
+                before = tf.debugging.Assert(tf.logical_not(cut_before), ["cut off before its writes"])
+            with tf.control_dependencies([before]):
+                saved = journal.save(token, keys, looked_up)
+            with tf.control_dependencies([saved]):
+                writes = [tfra.shard_insert(table, 0, keys, value + 1.0)
+                          for table, (value, _) in zip((rows, slot), looked_up)]
+            with tf.control_dependencies(writes):
+                after = tf.debugging.Assert(tf.logical_not(cut_after), ["cut off after its writes"])
+            with tf.control_dependencies([after]):
+                return tf.constant(0, tf.int64)
+
+        with step_tokens.tracing_with(token, step_tokens.STEP):
+            return step_once.once(owner, "shard", contextlib.nullcontext, apply, lambda: tf.constant(0, tf.int64),
+                                  roll_back=journal.roll_back)
+
+    def run(token, keys, cut_after=False, cut_before=False):
+        return step(tf.constant(token, tf.int64), tf.constant(keys, tf.int64), tf.constant(cut_after),
+                    tf.constant(cut_before))
+
+    def table(variable):
+        values, exists = variable.lookup(tf.constant([1, 2, 3], tf.int64), return_exists=True)
+        return [value if found else None for value, found in zip(values.numpy()[:, 0].tolist(), exists.numpy())]
+
+    run(1, [1, 2])
+    assert table(rows) == [11.0, 1.0, None] and table(slot) == [6.0, 1.0, None]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cut off after its writes"):
+        run(2, [1, 3], cut_after=True)  # written back (key 3 added), token not recorded
+    assert table(rows) == [12.0, 1.0, 1.0]
+    run(4, [2])  # the next lock holder rolls token 2 back (key 3 removed), then applies its own
+    assert table(rows) == [11.0, 2.0, None] and table(slot) == [6.0, 2.0, None]
+    run(2, [1, 3])  # token 2's re-run applies once
+    run(2, [1, 3])  # and a twin skips
+    assert table(rows) == [12.0, 2.0, 1.0] and table(slot) == [7.0, 2.0, 1.0]
+    assert step_once.counts(owner) == {"skipped": 1, "unsure": 0, "rolled_back": 1}
+    # Cut off before its writes (the journal holds another token): nothing undone, the re-run applies once.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cut off before its writes"):
+        run(5, [1], cut_before=True)
+    run(5, [1])
+    assert table(rows) == [13.0, 2.0, 1.0] and table(slot) == [8.0, 2.0, 1.0]
+    assert step_once.counts(owner) == {"skipped": 1, "unsure": 0, "rolled_back": 2}
 
 
 def test_an_update_too_big_for_its_journal_cut_off_midway_is_counted_unsure(monkeypatch):

@@ -213,3 +213,41 @@ def buffers_on(device: str, buffers: list, tag: str = ""):
     finally:
         for buffer in buffers:
             buffer.__dict__.pop(_ON_PS_ATTR, None)
+
+
+# Prefix of the shared_name of a buffer on a ps task that is no shadow's (`task_buffer`).
+_TASK_BUFFER_PREFIX = "tf_psx_task_buffer/"
+
+
+class TaskBuffer:
+    """A buffer on a ps task of any shape (a `VarHandleOp` with a shared name, made in the graph being traced).
+
+    Shared by every worker's steps on that task, like `buffers_on`'s: its
+    user holds a lock while it writes and reads it. A tf.Variable of unknown
+    shape fails TF 2.16's remote function calls; a raw handle does not.
+    """
+
+    def __init__(self, device: str, name: str, dtype):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=import-outside-toplevel
+
+        self.dtype = dtype
+        with tf.device(device):
+            self.handle = gen_resource_variable_ops.var_handle_op(
+                dtype=dtype, shape=None, shared_name=f"{_TASK_BUFFER_PREFIX}{name}")
+
+    def write(self, value):
+        from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=import-outside-toplevel
+
+        return gen_resource_variable_ops.assign_variable_op(self.handle, value)
+
+    def read(self):
+        from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=import-outside-toplevel
+
+        return gen_resource_variable_ops.read_variable_op(self.handle, self.dtype)
+
+    def written(self):
+        """A bool tensor: the buffer was ever written."""
+        from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=import-outside-toplevel
+
+        return gen_resource_variable_ops.var_is_initialized_op(self.handle)

@@ -177,6 +177,14 @@ def shard_lookup(params, index: int, keys, with_defaults: bool = True):
         return params.tables[index].lookup(keys, dynamic_default_values=defaults, return_exists=True)
 
 
+def shard_remove(params, index: int, keys):
+    """Removes `keys` from shard `index` of the TFRA variable `params` (the keys belong to it)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    with tf.device(params.devices[index]):
+        return params.tables[index].remove(keys)
+
+
 def shard_insert(params, index: int, keys, values):
     """Upserts `keys` -> `values` into shard `index` of the TFRA variable `params` (the keys belong to it)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
