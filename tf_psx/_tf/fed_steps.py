@@ -270,12 +270,9 @@ def _runner(fn, layout, stacked: bool):
                 data = tf.data.Dataset.from_tensor_slices(batches)
                 if layout is not None:
                     data = data.map(lambda *parts: layout.unpack(parts))  # a tuple element: one argument each
-                return fn(iter(data), *rest)
-            data = tf.data.Dataset.from_tensors(layout.unpack(batches) if layout is not None else batches)
-            # One step (a TFRA model's, through tf-keras's own train function): it carries the token too, so
-            # a re-run after a worker failure applies its updates once (tests/scripts/exact_crash.py --tfra).
-            with _step_tokens.tracing_with(token, _step_tokens.STEP):
-                return fn(iter(data), *rest)
+            else:
+                data = tf.data.Dataset.from_tensors(layout.unpack(batches) if layout is not None else batches)
+            return fn(iter(data), *rest)
 
         cache[key] = tf.function(run, reduce_retracing=True)
     return cache[key]
