@@ -257,7 +257,7 @@ WINDOWS = 5
 PAIRED_WINDOWS = 12
 
 
-def _fit_runner(entry):
+def fit_runner(entry):
     """`run(steps, callbacks)` of a `time_fits_paired` entry: the entry itself, or a fit of (model, dataset_fn)."""
     if callable(entry):
         return entry
@@ -308,7 +308,7 @@ def time_fits_paired(fits: dict, warmup_steps: int, timed_steps: int, pids: dict
             marks["ms"] = (time.perf_counter() - marks["start"]) * 1000 / timed_steps
             marks["cpu"] = {name: (_cpu_ms(pid) - marks["cpu"][name]) / timed_steps for name, pid in pids.items()}
 
-    runners = {name: _fit_runner(entry) for name, entry in fits.items()}
+    runners = {name: fit_runner(entry) for name, entry in fits.items()}
     for run in runners.values():
         run(warmup_steps, None)
     measured: dict = {name: [] for name in fits}

@@ -108,7 +108,8 @@ def child(name: str, workers: str, shift: str) -> None:
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from _common import WINDOWS, kernel_ms, time_fit_cpu, time_fits_paired  # pylint: disable=import-outside-toplevel
+    from _common import (  # pylint: disable=import-outside-toplevel
+        WINDOWS, fit_runner, kernel_ms, time_fit_cpu, time_fits_paired)
     from tf_psx import exact_tables  # pylint: disable=import-outside-toplevel
 
     cluster = tf_psx.LocalCluster(num_workers=int(workers), num_ps=2).start()
@@ -118,13 +119,9 @@ def child(name: str, workers: str, shift: str) -> None:
         profiles = {}
         for variant in KERNELS:
             model, dataset_fn, _ = _model(tf, tf_psx, strategy, variant)
-            data = tf.keras.utils.experimental.DatasetCreator(dataset_fn)
-
-            def fit(steps, model=model, data=data):
-                model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
-
-            fit(WARMUP_STEPS)
-            profiles[variant] = kernel_ms(fit, TIMED_STEPS, model.optimizer.name)
+            run = fit_runner((model, dataset_fn))
+            run(WARMUP_STEPS, None)
+            profiles[variant] = kernel_ms(lambda steps, run=run: run(steps, None), TIMED_STEPS, model.optimizer.name)
         print(json.dumps(profiles), flush=True)
         os._exit(0)  # pylint: disable=protected-access  (in-process servers cannot be stopped)
     if name not in ("paired", "split"):
@@ -248,7 +245,8 @@ def main() -> None:
     write_result(
         "dynamic_vs_static",
         f"`model.fit` ms/step (whole cluster), steps_per_execution=1; ShardedEmbedding, DynamicEmbedding and "
-        f"DynamicEmbedding with one table lock (its whole update on its first ps task) in one process on one cluster, their windows "
+        f"DynamicEmbedding with one table lock (its whole update on its first ps task) in one process on one "
+        f"cluster, their windows "
         f"interleaved: {PAIRED_WINDOWS} windows of {TIMED_STEPS} steps each after {WARMUP_STEPS} warm-up steps, "
         "a variant's number its fastest window (bench/_common.py time_fits_paired); "
         f"{args.rounds} rounds of fresh processes (build order rotated), ratios per round (median, min-max); "

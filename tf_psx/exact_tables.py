@@ -125,7 +125,10 @@ _SHARD_STEPS_ATTR = "_tf_psx_table_shard_steps"
 
 
 def _shard_state(optimizer, params, index: int):
-    """The (lock, step counter) of shard `index` of the TFRA table `params`, on that shard's ps task."""
+    """((lock, step counter), key) of shard `index` of the TFRA table `params`, on that shard's ps task.
+
+    `key` names the shard's lock and counter, and its token ring.
+    """
     device = params.devices[index]
     key = f"tfra/{params.name}" if len(params.devices) == 1 else f"tfra/{params.name}/shard_{index}"
     lock, step = _exact.lock_state(optimizer, key, lambda: tf.device(device), device)
@@ -192,7 +195,7 @@ class _ShardJournal:
     """
 
     def __init__(self, params, slots, index: int, device: str):
-        self.params, self.slots, self.index = params, slots, index
+        self.index = index
         name = f"table_journal/{params.name}/{index}"
         self.token = _shadows.TaskBuffer(device, f"{name}/token", tf.int64)
         self.keys = _shadows.TaskBuffer(device, f"{name}/keys", params.key_dtype)

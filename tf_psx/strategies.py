@@ -18,8 +18,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_psx import _checks, _quiet, exact_compile as _exact_compile, exact_tables as _exact_tables, exact_updates as _exact_updates
-from tf_psx import partitioners as _partitioners, weights as _weights
+from tf_psx import _checks, _quiet, exact_compile as _exact_compile, exact_updates as _exact_updates
+from tf_psx import exact_tables as _exact_tables, partitioners as _partitioners, weights as _weights
 from tf_psx import sync_training as _sync_training
 from tf_psx._tf import fit_inputs as _fit_inputs, keras as _tf_keras, runtime as _runtime
 from tf_psx._tf import distributed_table as _distributed_table, tfra as _tfra

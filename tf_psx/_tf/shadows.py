@@ -197,8 +197,7 @@ def buffers_on(device: str, buffers: list, tag: str = ""):
     passes its shard index as `tag`, so two shards on one task get their
     own): shared by every worker's steps, so its user holds a lock while it
     writes and reads it (the shard's, tf_psx.exact_tables). What the
-    optimizer's ops on the shadows then
-    read and write stays on `device`.
+    optimizer's ops on the shadows then read and write stays on `device`.
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=import-outside-toplevel
@@ -237,9 +236,7 @@ class TaskBuffer:
                 dtype=dtype, shape=None, shared_name=f"{_TASK_BUFFER_PREFIX}{name}")
 
     def write(self, value):
-        from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=import-outside-toplevel
-
-        return gen_resource_variable_ops.assign_variable_op(self.handle, value)
+        return write_buffer(self, value)
 
     def read(self):
         from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=import-outside-toplevel
