@@ -94,7 +94,10 @@ def adopt_exact_optimizer(model) -> None:
     tfra_layers = _tfra.model_has_tfra_layers(model) and not _tfra.model_has_dynamic_embedding(model)
     bp_v2 = _tfra.bp_v2_of(optimizer)
     if isinstance(optimizer, _tf_keras.keras().optimizers.legacy.Optimizer):
-        replacement = current_optimizer_for(optimizer)
+        # In the model's strategy scope, as compile made the optimizer: its `iterations` was otherwise made on
+        # the coordinator, and every step's bump of it a round trip there.
+        with model.distribute_strategy.scope():
+            replacement = current_optimizer_for(optimizer)
         if replacement is None:
             if tfra_layers:
                 raise TFRAOptimizerError(

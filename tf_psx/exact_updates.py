@@ -162,9 +162,21 @@ def restore_counter_later(optimizer, name: str, value) -> None:
 
 
 def beside(variable):
-    """The context in which a variable colocated with `variable` is made (on its ps task)."""
+    """The context in which a variable colocated with `variable` is made (on its ps task).
+
+    A variable the strategy did not make (an optimizer built outside
+    `strategy.scope()` keeps its `iterations` on the coordinator) is passed
+    to the strategy's creator as `colocate_with` directly: TF's
+    `colocate_vars_with` refuses it.
+    """
     strategy = tf.distribute.get_strategy()
-    return lambda: strategy.extended.colocate_vars_with(variable)
+    if _door.made_by(strategy, variable):
+        return lambda: strategy.extended.colocate_vars_with(variable)
+
+    def colocated(next_creator, **kwargs):
+        return next_creator(**{**kwargs, "colocate_with": variable})
+
+    return lambda: tf.variable_creator_scope(colocated)
 
 
 def _state_for(optimizer, variable):

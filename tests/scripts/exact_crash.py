@@ -26,9 +26,9 @@ launcher's pids and the launcher restarts them. It prints
 "tf_psx crash fit started" once the first step is done.
 
 With `--tfra` the rows are a TFRA hash table over the 2 ps tasks (exact_epochs.py's
-`--tfra` model, as TFRA's demos write it). A TFRA model's fed step carries no
-step token (docs/guides/input.md), so this trial shows what a re-run then
-applies twice.
+`--tfra` model): each shard's update is made on its ps task under its own
+lock (tf_psx.exact_tables), so a step cut off between the two shards'
+updates must apply the missing one once and the other not again.
 
 Usage: exact_crash.py --workers 2 [--kills 10] [--batches 8000] [--seed 1] [--no-tokens] [--sync] [--launched] [--tfra]
 """

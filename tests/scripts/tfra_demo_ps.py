@@ -9,7 +9,8 @@ steps_per_epoch=10)`); the data is synthetic with MovieLens-1M's schema
 With 2 workers it failed under TF alone in every run, with shape errors in
 `AssignSubVariableOp`, `ResourceScatterAdd` and `CuckooHashTableInsert`.
 
-Prints `RESULT {json}`: the steps applied, the loss per epoch, the keys of
+Prints `RESULT {json}`: the steps applied, the device of the optimizer's
+`iterations`, the loss per epoch, the keys of
 each table, and the distinct ids of the batches `fit` read (the first 20 of
 the dataset, in its fixed order).
 
@@ -100,7 +101,8 @@ def train(strategy, num_ps: int) -> dict:
     def keys(layer):
         return sorted(int(k) for k in layer.params.export()[0].numpy())
 
-    return {"steps": int(model.optimizer.iterations.numpy()), "loss": history.history["loss"],
+    return {"steps": int(model.optimizer.iterations.numpy()), "iterations_device": model.optimizer.iterations.device,
+            "loss": history.history["loss"],
             "user_keys": keys(model.user_embedding), "movie_keys": keys(model.movie_embedding),
             "read_users": sorted({int(u) for f, _ in read for u in f["user_id"].numpy()}),
             "read_movies": sorted({int(m) for f, _ in read for m in f["movie_id"].numpy()})}

@@ -119,6 +119,24 @@ def test_worker_kills_mid_step_apply_every_example_exactly_once(workers):
     assert result["caught"]["unsure"] == 0, result
 
 
+# Before a TFRA model's fed steps carried step tokens (tf_psx._tf.fed_steps ran
+# its tf-keras train function without one), the trial with the rows in a TFRA
+# table over 2 ps tasks (2 workers, 5 kills, 2,000 batches) applied 16 rows
+# twice, with 2,005 iterations for 2,000 steps; with tokens but no journal for
+# table shards (10 kills, 3,000 batches), 5 rows twice: one shard update cut
+# off after its writes, counted unsure.
+@pytest.mark.processes
+@pytest.mark.slow
+def test_worker_kills_with_a_tfra_table_apply_every_example_exactly_once():
+    result = _crash(2, "--tfra", "--batches", "3000")
+    assert not result["killer_errors"] and len(result["kills"]) >= 2, result
+    assert result["closure_retries"] >= 1 and result["steps_rerun"] == [result["closure_retries"]], result
+    assert result["counts"] == {"1": result["rows"]}, result  # every row of the hash table: applied once
+    assert result["iterations"] == result["steps"], result
+    assert result["offset_steps"] == {str(result["steps"]): 8}, result
+    assert result["caught"]["unsure"] == 0, result
+
+
 # Before sync arrivals carried step tokens (tf_psx.sync_training, "A step run
 # again"), the same trial (2 workers, 10 kills, 2,000 batches) ended with
 # 16 rows applied twice, 8 never, 8 in a partial step, and 2,001 batches

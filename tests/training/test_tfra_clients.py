@@ -47,6 +47,9 @@ def test_tfra_demo_runs_with_two_workers_and_trains_exactly_the_batches_it_read(
         # The tables hold exactly the ids of the 20 batches fit read (2 epochs of 10 steps of one pass):
         # per-worker copies of the dataset would have read 40 batches, and lost rows would be missing.
         assert run["user_keys"] == run["read_users"] and run["movie_keys"] == run["read_movies"]
+    # The legacy Adam's current twin is made in the strategy's scope although the demo compiles outside it:
+    # made on the coordinator, its `iterations` cost every step a round trip there.
+    assert "/job:ps/" in remote["iterations_device"], remote["iterations_device"]
     # The loss of 20 steps of Adam(1e-3) from random weights: the runs differ only by their initial weights
     # and data order (the demo seeds neither); one-process runs spread by about 0.002 at this size.
     assert abs(remote["loss"][-1] - local["loss"][-1]) < 0.01, (remote["loss"], local["loss"])

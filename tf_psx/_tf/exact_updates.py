@@ -176,6 +176,12 @@ def strategy_of(optimizer):
     return getattr(optimizer, "_distribution_strategy", None)
 
 
+def made_by(strategy, variable) -> bool:
+    """Whether `strategy` made `variable` (TF's `colocate_vars_with` refuses any other: `validate_colocate`)."""
+    owner = getattr(variable, "_distribute_strategy", None)
+    return owner is not None and owner.extended is strategy.extended
+
+
 def has_unique_id(variable) -> bool:
     """True for a variable with its own resource (tf `_unique_id`); False for containers such as TFRA's."""
     return getattr(variable, "_unique_id", None) is not None

@@ -11,14 +11,15 @@ traced once per layout.
 
 Each scheduled step also gets a step token (tf_psx._tf.step_tokens), an
 int64 argument that is the same in every attempt TF makes of the closure.
-Where the runner traces tf-keras's step straight into itself
-(steps_per_execution=1, no TFRA shadows) the token is visible to the exact
-updates, which apply each token once per variable (tf_psx.step_once). Where
-the step runs through tf-keras's own train function (a loop over several
-batches, TFRA's shadows) the token is not passed in: a nested tf.function
-would capture the outer graph's argument, and the batches of one loop would
-share one token. A re-run there may apply a step's update twice where the
-first attempt got to (counted: `cluster/closure_retries`).
+With steps_per_execution=1 the token is visible to the exact updates, which
+apply each token once per variable (tf_psx.step_once): the runner traces
+tf-keras's step straight into itself, or, for a model with TFRA layers'
+per-worker shadows, tf-keras's own train function inside the token's scope
+(a nested tf.function, which captures it). A loop over several batches
+(steps_per_execution > 1) gets no token, since its batches would share one;
+nor does a train function first traced outside a runner (`_token_reaches`).
+A re-run there may apply a step's update twice where the first attempt got
+to (counted: `cluster/closure_retries`).
 """
 
 from __future__ import annotations
@@ -249,6 +250,22 @@ def _shadows_in_use() -> bool:
     return shadows.per_worker_shadows_installed()
 
 
+def _token_reaches(fn) -> bool:
+    """Whether tf-keras's one-step train function `fn` may see a step token when traced into a runner.
+
+    True when its first trace is a runner's: the exact updates make their
+    token rings in the trace that first sees a token, and tf.function
+    refuses a variable made in any trace but its first ("only supports
+    singleton tf.Variables created on the first call"). A train function
+    first traced elsewhere (a `DatasetCreator` fit) keeps running without
+    tokens.
+    """
+    reaches = fn.__dict__.get("_tf_psx_token_reaches")
+    if reaches is None:
+        reaches = fn.__dict__["_tf_psx_token_reaches"] = fn.experimental_get_tracing_count() == 0
+    return reaches
+
+
 def _runner(fn, layout, stacked: bool):
     """`fn(iterator, *rest)` made a function of a step token and the step's batches, traced once per (layout, stacked).
 
@@ -270,9 +287,14 @@ def _runner(fn, layout, stacked: bool):
                 data = tf.data.Dataset.from_tensor_slices(batches)
                 if layout is not None:
                     data = data.map(lambda *parts: layout.unpack(parts))  # a tuple element: one argument each
-            else:
-                data = tf.data.Dataset.from_tensors(layout.unpack(batches) if layout is not None else batches)
-            return fn(iter(data), *rest)
+                return fn(iter(data), *rest)
+            data = tf.data.Dataset.from_tensors(layout.unpack(batches) if layout is not None else batches)
+            if rest or not _token_reaches(fn):
+                return fn(iter(data), *rest)
+            # One step (a TFRA model's) through tf-keras's own train function: it carries the token too, so a
+            # re-run after a worker failure applies its updates once (tests/scripts/exact_crash.py --tfra).
+            with _step_tokens.tracing_with(token, _step_tokens.STEP):
+                return fn(iter(data))
 
         cache[key] = tf.function(run, reduce_retracing=True)
     return cache[key]
