@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -117,6 +118,38 @@ def test_one_worker_never_warns(ps_strategy, caplog):
         model.compile(tf.keras.optimizers.legacy.Adam(), "mse")
     assert _exact_compile.inexact_reason(model.optimizer, ps_strategy) is None
     assert ps_strategy.exact_updates is True
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("rate", ["constant", "schedule"])
+def test_an_optimizer_made_outside_the_scope_gets_its_step_and_rate_on_the_ps(ps_strategy, rate, caplog):
+    # tf-keras makes `iterations` and the learning rate in the constructor: made outside strategy.scope()
+    # they stayed on the coordinator, and every step read and bumped them there.
+    learning_rate = 0.5 if rate == "constant" else tf.keras.optimizers.schedules.ExponentialDecay(0.5, 1, 0.5)
+    optimizer = tf.keras.optimizers.SGD(learning_rate)
+    assert "/job:chief/" in optimizer.iterations.device
+    with ps_strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1, use_bias=False,
+                                                                               kernel_initializer="zeros")])
+    with caplog.at_level("INFO", logger="tf_psx"):
+        model.compile(optimizer, "mse")
+    assert model.optimizer is optimizer  # the user's object, its variables made again
+    own = [optimizer.iterations] + [v for v in (optimizer.__dict__.get("_learning_rate"),
+                                                optimizer.__dict__.get("_current_learning_rate"))
+                                    if isinstance(v, tf.Variable)]
+    assert len(own) == 2
+    for variable in own:
+        assert "/job:ps/" in variable.device, variable
+    assert any(v is optimizer.iterations for v in optimizer.variables)
+    assert "made outside strategy.scope()" in caplog.text
+    # It trains on them: loss = (w - 1)^2 per example, so with SGD(0.5) one step moves w from 0 to 1 (the
+    # schedule: rate 0.5 at step 0, 0.25 at step 1, so w = 1 and stays, the gradient being 0).
+    x, y = np.ones((4, 1), np.float32), np.ones((4, 1), np.float32)
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    assert int(optimizer.iterations.numpy()) == 2
+    np.testing.assert_allclose(model.layers[0].kernel.numpy(), [[1.0]], rtol=1e-6)
+    # Once built (slots exist), nothing is made again.
+    assert _exact_door.remake_in_scope(optimizer, ps_strategy) == []
 
 
 def test_rerun_report_warns_per_epoch_and_fills_history_only_after_failures(caplog):

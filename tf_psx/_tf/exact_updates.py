@@ -27,6 +27,8 @@ from __future__ import annotations
 import contextlib
 import threading
 
+import tensorflow as tf
+
 from tf_psx._tf import keras as _tf_keras
 
 _install_lock = threading.Lock()
@@ -180,6 +182,43 @@ def made_by(strategy, variable) -> bool:
     """Whether `strategy` made `variable` (TF's `colocate_vars_with` refuses any other: `validate_colocate`)."""
     owner = getattr(variable, "_distribute_strategy", None)
     return owner is not None and owner.extended is strategy.extended
+
+
+# The variables a tf-keras optimizer makes in its constructor: the step count and the learning rate.
+_CONSTRUCTOR_VARIABLES = ("_iterations", "_learning_rate", "_current_learning_rate")
+
+
+def remake_in_scope(optimizer, strategy) -> list[str]:
+    """Remakes the variables an unbuilt tf-keras optimizer made in its constructor under `strategy`; returns their names.
+
+    tf-keras makes `iterations` and a constant learning rate where the
+    optimizer is constructed (`_create_iteration_variable`,
+    `_build_learning_rate`, under `tf.init_scope()`) and keeps the strategy
+    it finds then (`_distribution_strategy`). An optimizer constructed
+    outside `strategy.scope()` and passed to `compile` kept them on the
+    coordinator, and every step read and bumped them there. Each is made
+    again in the scope, with its value; the optimizer's variable list and
+    its strategy follow. Nothing is done once the optimizer is built (its
+    slots exist): [] then.
+    """
+    if getattr(optimizer, "_built", False) or not isinstance(optimizer, base_optimizer_class()):
+        return []
+    remade = []
+    with tf.init_scope(), strategy.scope():
+        for name in _CONSTRUCTOR_VARIABLES:
+            old = optimizer.__dict__.get(name)
+            if not isinstance(old, tf.Variable) or made_by(strategy, old):
+                continue
+            new = tf.Variable(old.read_value(), name=old.name.split(":")[0], dtype=old.dtype, trainable=False)
+            setattr(optimizer, name, new)  # tracked under the same name: a checkpoint keeps its key
+            listed = optimizer._variables  # pylint: disable=protected-access
+            for index, variable in enumerate(listed):
+                if variable is old:
+                    listed[index] = new
+            remade.append(old.name)
+    if remade:
+        optimizer._distribution_strategy = strategy  # pylint: disable=protected-access
+    return remade
 
 
 def has_unique_id(variable) -> bool:
