@@ -16,7 +16,10 @@ bench/_common.py (modes none / sync / background in fresh processes, order
 rotated, ROUNDS rounds); per round the stall is the median over the
 snapshots after the first (the first also makes the copies).
 Targets (issue 30): background stall <= 0.2x synchronous; fit with
-background snapshots <= 1.05x the fit without snapshots.
+background snapshots <= 1.05x the fit without snapshots. Beside the
+seconds, each fit's process CPU seconds: the cores the fit without
+snapshots keeps busy, the CPU each snapshot adds, and from them the lowest
+fit ratio a background write can reach on this machine (`_cpu_rows`).
 
 `python bench/snapshot_stall.py [--rounds N]`.
 """
@@ -35,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 ROWS, DIM, IDS, BATCH, STEPS, EVERY = 2_000_000, 16, 4, 256, 1500, 300
 TARGET, FIT_TARGET = 0.2, 1.05
+CORES = os.cpu_count() or 2
 
 
 def child(mode: str) -> None:
@@ -55,11 +59,11 @@ def child(mode: str) -> None:
     with tempfile.TemporaryDirectory() as directory:
         callbacks = [] if mode == "none" else [
             tf_psx.callbacks.PeriodicSync(EVERY, directory, background=(mode == "background"))]
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         model.fit(data, epochs=1, steps_per_epoch=STEPS, verbose=0, callbacks=callbacks)
-        seconds = time.perf_counter() - start
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         count = len(tf_psx.callbacks.PeriodicSync.snapshots(directory))
-    result = {"fit_seconds": seconds, "snapshots_kept": count}
+    result = {"fit_seconds": seconds, "fit_cpu_seconds": cpu_seconds, "snapshots_kept": count}
     if callbacks:
         splits = callbacks[0].snapshot_splits
         later = splits[1:]
@@ -69,6 +73,39 @@ def child(mode: str) -> None:
                       write=statistics.median(p["write"] for p in later))
     print(json.dumps(result), flush=True)
     os._exit(0)  # pylint: disable=protected-access  (in-process servers cannot be stopped)
+
+
+def _cpu_rows(none: list, sync: list, background: list, spread_text) -> list[dict]:
+    """What the snapshots cost in CPU (the process's: the in-process cluster's tasks and the writes), per round.
+
+    A write's CPU can run without slowing training only on core-seconds the
+    fit without snapshots leaves idle (CORES x its seconds - its CPU
+    seconds); the rest is taken from training, at best shared over the
+    CORES cores. With the synchronous write's CPU above the fit without
+    snapshots as what a write costs, the lowest fit ratio a background
+    write can reach is 1 + max(0, snapshots x that CPU - idle) / CORES /
+    the fit's seconds.
+    """
+    rows = [{"metric": "fit CPU seconds (the process): none / synchronous / background",
+             "value": " / ".join(spread_text(per_round_cpu(r)) for r in (none, sync, background))},
+            {"metric": f"cores busy in the fit without snapshots (of {CORES})",
+             "value": spread_text([run["fit_cpu_seconds"] / run["fit_seconds"] for run in none])}]
+    for name, results in (("synchronous", sync), ("background", background)):
+        extra = [(run["fit_cpu_seconds"] - base["fit_cpu_seconds"]) / len(run["stalls"])
+                 for run, base in zip(results, none)]
+        rows.append({"metric": f"{name}: CPU seconds above no snapshots, per snapshot", "value": spread_text(extra)})
+    floor = []
+    for run, base in zip(sync, none):
+        idle = CORES * base["fit_seconds"] - base["fit_cpu_seconds"]
+        needed = run["fit_cpu_seconds"] - base["fit_cpu_seconds"]
+        floor.append(1 + max(0.0, needed - idle) / CORES / base["fit_seconds"])
+    rows.append({"metric": f"lowest fit ratio a background write of the synchronous write's CPU allows on {CORES} "
+                           "cores", "value": spread_text(floor)})
+    return rows
+
+
+def per_round_cpu(results: list) -> list[float]:
+    return [float(run["fit_cpu_seconds"]) for run in results]
 
 
 def main() -> None:
@@ -104,6 +141,8 @@ def main() -> None:
         # snapshot (the barrier's own seconds are partly training: the steps queued before it run during it).
         lost = [(run["fit_seconds"] - base["fit_seconds"]) / len(run["stalls"]) for run, base in zip(results, none)]
         rows.append({"metric": f"{name}: fit seconds above no snapshots, per snapshot", "value": spread_text(lost)})
+    if all("fit_cpu_seconds" in run for run in none + sync + background):
+        rows.extend(_cpu_rows(none, sync, background, spread_text))
     write_result(
         "snapshot_stall",
         f"PeriodicSync every {EVERY} steps over {STEPS} steps of a {ROWS:,} x {DIM} ShardedEmbedding (fixed:2) with "
