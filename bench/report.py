@@ -176,11 +176,16 @@ SUMMARY = {
         "Does a background snapshot stall training less than a synchronous one?",
         "background / synchronous stall",
         "Stall met since fit keeps at most max(4, 2 x workers) steps queued ahead (the barrier went from 0.7-1.3 s "
-        "of backlog to ~0.02 s); run of 2026-12-06 03:09: 0.12 (0.116-0.12). Fit time with background snapshots "
-        "missed: 1.31x of none (1.08-1.37) in that run, 1.11x (1.09-1.26) in the run of 2026-12-05 22:39. The "
-        "background write of 2 x 128 MB competes with training for the 2 cores: 0.14-0.58 s of fit time per "
-        "snapshot (synchronous: 0.10-0.46), with a snapshot every ~1.9 s of training. More cores (or a write on "
-        "other hosts) would change it."),
+        "of backlog to ~0.02 s); run of 2026-12-06 11:39: 0.132 (0.125-0.172). Fit time with background snapshots "
+        "not judged in that run: 1.3x of none (0.958-1.41) straddles 1.05, the fit without snapshots itself "
+        "spreading 9.7-11.9 s over the rounds; missed in the run of 2026-12-06 03:09 (1.31x, 1.08-1.37). Where "
+        "the CPU goes (process CPU seconds, new in this run): a synchronous write of 2 x 128 MB takes 0.69 CPU-s "
+        "(0.65-0.70) in 0.37 s with training held, so it keeps ~1.8 cores busy; the background snapshot call (the "
+        "copy beside each variable) 0.088 CPU-s, and its write then runs beside training, with a snapshot every "
+        "~2.4 s of training. Without snapshots the fit keeps 1.63 of the 2 cores busy, so the idle core-seconds "
+        "would hold the writes' CPU (the floor row: 1.0) only if the write could fill the gaps between the "
+        "steps' remote calls; it contends with them instead. More cores (or a write on other hosts) would "
+        "change it."),
     "delta_snapshots": (
         "What does a frequent delta snapshot cost per step against a frequent full one?",
         "full60_delta10: cost per step", ""),
