@@ -215,7 +215,7 @@ def remake_in_scope(optimizer, strategy) -> list[str]:
             for index, variable in enumerate(listed):
                 if variable is old:
                     listed[index] = new
-            remade.append(old.name)
+            remade.append(old.name.split(":")[0])
     if remade:
         optimizer._distribution_strategy = strategy  # pylint: disable=protected-access
     return remade
