@@ -152,6 +152,20 @@ def test_an_optimizer_made_outside_the_scope_gets_its_step_and_rate_on_the_ps(ps
     assert _exact_door.remake_in_scope(optimizer, ps_strategy) == []
 
 
+@pytest.mark.cluster
+def test_a_ring_is_made_beside_its_variable_whether_or_not_the_strategy_made_it(ps_strategy):
+    # A token ring or counter is made `beside` the variable it guards. TF's colocate_vars_with refuses a
+    # variable the strategy did not make (one made outside its scope, on the coordinator).
+    outside = tf.Variable(1.0)
+    with ps_strategy.scope():
+        inside = tf.Variable(1.0)
+        for variable in (outside, inside):
+            with tf.init_scope(), _exact_updates.beside(variable)():
+                ring = tf.Variable(tf.zeros([4], tf.int64))
+            assert ring.device == variable.device, (ring.device, variable.device)
+    assert "/job:chief/" in outside.device and "/job:ps/" in inside.device
+
+
 def test_rerun_report_warns_per_epoch_and_fills_history_only_after_failures(caplog):
     from tf_psx._tf.fit_progress import RerunReport  # pylint: disable=import-outside-toplevel
 
