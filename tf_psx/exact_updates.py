@@ -170,7 +170,7 @@ def beside(variable):
     `colocate_vars_with` refuses it.
     """
     strategy = tf.distribute.get_strategy()
-    if _door.made_by(strategy, variable):
+    if not tf.distribute.has_strategy() or _door.made_by(strategy, variable):
         return lambda: strategy.extended.colocate_vars_with(variable)
 
     def colocated(next_creator, **kwargs):
