@@ -31,6 +31,7 @@ lock (tf_psx.exact_tables), so a step cut off between the two shards'
 updates must apply the missing one once and the other not again.
 
 Usage: exact_crash.py --workers 2 [--kills 10] [--batches 8000] [--seed 1] [--no-tokens] [--sync] [--launched] [--tfra]
+                      [--steps-per-execution N]
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ def main(argv=None) -> int:
     parser.add_argument("--launched", action="store_true", help="the chief of a tf-psx launch job (no killer)")
     parser.add_argument("--tfra", action="store_true",
                         help="the rows in a TFRA hash table over the 2 ps tasks (TFRA's layer, as its demos write it)")
+    parser.add_argument("--steps-per-execution", type=int, default=1,
+                        help="compile with this steps_per_execution (each closure runs that many steps)")
     parser.add_argument("--stall-report-s", type=float, default=90.0,
                         help="a StallDoctor report (closures, task states, stacks) after this many silent seconds")
     args = parser.parse_args(argv)
@@ -138,6 +141,8 @@ def main(argv=None) -> int:
         sync = dict(sync=True, sync_timeout_s=30) if args.sync else {}
         strategy = tf_psx.ParameterServerStrategy(cluster, "fixed:2", **sync)
         model = build(strategy, count, tfra=args.tfra, dense=True)
+        if args.steps_per_execution != 1:
+            model.compile(model.optimizer, model.loss, steps_per_execution=args.steps_per_execution)
         running = threading.Event()
         killer = Killer(cluster, args.workers, 0 if args.launched else args.kills, args.seed, running)
         killer.start()

@@ -137,6 +137,22 @@ def test_worker_kills_with_a_tfra_table_apply_every_example_exactly_once():
     assert result["caught"]["unsure"] == 0, result
 
 
+# Before the steps of one execution carried a token each (tf_psx._tf.fed_steps ran
+# tf-keras's multi-step train function without one), the trial at
+# steps_per_execution=10 (2 workers, 3 kills, 3,000 batches) applied 196 rows
+# of 24,000 twice, with 3,026 iterations for 3,000 steps.
+@pytest.mark.processes
+@pytest.mark.slow
+def test_worker_kills_with_steps_per_execution_apply_every_example_exactly_once():
+    result = _crash(2, "--steps-per-execution", "10", "--batches", "3000")
+    assert not result["killer_errors"] and len(result["kills"]) >= 2, result
+    assert result["closure_retries"] >= 1 and result["steps_rerun"] == [result["closure_retries"]], result
+    assert result["counts"] == {"1": result["rows"]}, result
+    assert result["iterations"] == result["steps"], result
+    assert result["offset_steps"] == {str(result["steps"]): 8}, result
+    assert result["caught"]["unsure"] == 0, result
+
+
 # Before sync arrivals carried step tokens (tf_psx.sync_training, "A step run
 # again"), the same trial (2 workers, 10 kills, 2,000 batches) ended with
 # 16 rows applied twice, 8 never, 8 in a partial step, and 2,001 batches

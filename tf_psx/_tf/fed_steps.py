@@ -11,15 +11,18 @@ traced once per layout.
 
 Each scheduled step also gets a step token (tf_psx._tf.step_tokens), an
 int64 argument that is the same in every attempt TF makes of the closure.
-With steps_per_execution=1 the token is visible to the exact updates, which
-apply each token once per variable (tf_psx.step_once): the runner traces
+The token is visible to the exact updates, which apply each token once per
+variable (tf_psx.step_once): with steps_per_execution=1 the runner traces
 tf-keras's step straight into itself, or, for a model with TFRA layers'
 per-worker shadows, tf-keras's own train function inside the token's scope
-(a nested tf.function, which captures it). A loop over several batches
-(steps_per_execution > 1) gets no token, since its batches would share one;
-nor does a train function first traced outside a runner (`_token_reaches`).
-A re-run there may apply a step's update twice where the first attempt got
-to (counted: `cluster/closure_retries`).
+(a nested tf.function, which captures it). With steps_per_execution > 1 the
+closure takes one token per step and the tokens travel with the stacked
+batches: tf-keras's loop reads each step's token with its batch
+(`_TokenedBatches`). Not reached: several steps of a TFRA model (its loop
+runs in tf-keras's nested train function), and a train function first traced
+outside a runner (`_token_reaches`). A re-run there may apply a step's
+update twice where the first attempt got to (counted:
+`cluster/closure_retries`).
 """
 
 from __future__ import annotations
@@ -223,6 +226,26 @@ class Packer:
         return Packed(layout, parts)
 
 
+class _TokenedBatches:
+    """The iterator tf-keras's multi-step train function reads: each step's batch, its token set as it is read.
+
+    Wraps an iterator of (token, batch); tf-keras reads the batch
+    (`next(iterator)`) before the step's `strategy.run`, so the step traced
+    after the read sees its own token (`step_tokens.set_current`).
+    """
+
+    def __init__(self, iterator):
+        self._iterator = iterator
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        token, batch = next(self._iterator)
+        _step_tokens.set_current(token, _step_tokens.STEP)
+        return batch
+
+
 class _OneBatch:
     """The iterator tf-keras's train and test functions read: its one batch (steps_per_execution=1)."""
 
@@ -283,6 +306,14 @@ def _runner(fn, layout, stacked: bool):
                 batch = layout.unpack(batches) if layout is not None else batches
                 with _step_tokens.tracing_with(token, _step_tokens.STEP):
                     return python_function(_OneBatch(batch), *rest)
+            if stacked and python_function is not None and not _shadows_in_use():
+                # Several steps in one execution, each with its own token (the closure's `count` numbers from
+                # `token`): the tokens travel with the batches, and tf-keras's loop reads one per step.
+                count = tf.shape(batches[0], out_type=tf.int64)[0]
+                data = tf.data.Dataset.from_tensor_slices((token + tf.range(count), batches))
+                data = data.map(lambda step_token, parts: (step_token, layout.unpack(parts)))
+                with _step_tokens.tracing_with(None, ""):
+                    return python_function(_TokenedBatches(iter(data)), *rest)
             if stacked:
                 data = tf.data.Dataset.from_tensor_slices(batches)
                 if layout is not None:
@@ -353,7 +384,7 @@ def _schedule_fed(coordinator, schedule, fn, fed: FedIterator, rest: tuple):
             steps = len(group) if stacked else 1
             if rest:
                 args += (tf.constant(steps, tf.convert_to_tensor(rest[0]).dtype),)
-            token = tf.constant(_step_tokens.next_token(), tf.int64)
+            token = tf.constant(_step_tokens.next_token(steps), tf.int64)
             result = schedule(coordinator, _runner(fn, layout, stacked), args=(token,) + args)
     return result
 

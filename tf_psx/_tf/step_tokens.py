@@ -9,9 +9,10 @@ scheduled step a token among its arguments (a tensor: a Python int would
 retrace the step per value) lets an update see that a twin of its attempt
 already ran: `tf_psx.step_once` keeps the tokens each variable applied.
 
-`next_token()` numbers the steps of this process (from 1: a ring of zeros
-holds no token); `tracing_with(token, kind)` makes the token tensor visible
-to code traced inside the block (the exact updates, the sync arrival), on
+`next_token(count)` numbers the steps of this process (from 1: a ring of
+zeros holds no token; a closure of `count` steps takes `count` numbers);
+`tracing_with(token, kind)` makes the token tensor visible to code traced
+inside the block (the exact updates, the sync arrival), on
 this thread; `current()` reads it. `kind` keeps tokens that number different
 things (fit's steps, a sync step's version) in rings of their own.
 """
@@ -19,19 +20,22 @@ things (fit's steps, a sync step's version) in rings of their own.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import threading
 
-_counter = itertools.count(1)
+_counter_lock = threading.Lock()
+_next = 1  # the next token `next_token` gives
 _local = threading.local()
 
 STEP = "step"  # a step fed by the coordinator (tf_psx._tf.fed_steps)
 SYNC = "sync"  # the apply of one sync version (tf_psx.sync_training)
 
 
-def next_token() -> int:
-    """A number no other step of this process got (1, 2, ...)."""
-    return next(_counter)
+def next_token(count: int = 1) -> int:
+    """The first of `count` consecutive numbers no other step of this process got (1, 2, ...)."""
+    global _next  # pylint: disable=global-statement
+    with _counter_lock:
+        first, _next = _next, _next + count
+    return first
 
 
 @contextlib.contextmanager
@@ -50,6 +54,15 @@ def without_token():
     """Inside the block `current()` is None (code traced there must not use an outer step's token)."""
     with tracing_with(None, ""):
         yield
+
+
+def set_current(token, kind: str) -> None:
+    """Makes `(token, kind)` the innermost entry of `tracing_with` (which must be open on this thread).
+
+    For a loop whose steps read their tokens with their batches: each read
+    replaces the token the rest of that step's trace sees.
+    """
+    _local.stack[-1] = (token, kind)
 
 
 def current():
