@@ -107,7 +107,11 @@ def test_worker_kills_mid_step_apply_every_example_exactly_once(workers):
     # and restarts it; TF re-runs the killed worker's step elsewhere with the
     # same batches and token. Without tokens (--no-tokens) a re-run step whose
     # first attempt had reached the ps was applied twice (rows with 2).
-    result = _crash(workers)
+    _assert_every_step_once(_crash(workers))
+
+
+def _assert_every_step_once(result: dict) -> None:
+    """An async crash trial's result: the kills hit the fit, were reported, and every row and step applied once."""
     assert not result["killer_errors"], result
     assert len(result["kills"]) >= 2, result  # kills that hit the fit (each waits for the last restart: 14-40 s)
     assert result["closure_retries"] >= 1, result
@@ -128,13 +132,7 @@ def test_worker_kills_mid_step_apply_every_example_exactly_once(workers):
 @pytest.mark.processes
 @pytest.mark.slow
 def test_worker_kills_with_a_tfra_table_apply_every_example_exactly_once():
-    result = _crash(2, "--tfra", "--batches", "3000")
-    assert not result["killer_errors"] and len(result["kills"]) >= 2, result
-    assert result["closure_retries"] >= 1 and result["steps_rerun"] == [result["closure_retries"]], result
-    assert result["counts"] == {"1": result["rows"]}, result  # every row of the hash table: applied once
-    assert result["iterations"] == result["steps"], result
-    assert result["offset_steps"] == {str(result["steps"]): 8}, result
-    assert result["caught"]["unsure"] == 0, result
+    _assert_every_step_once(_crash(2, "--tfra", "--batches", "3000"))  # every row of the hash table
 
 
 # Before the steps of one execution carried a token each (tf_psx._tf.fed_steps ran
@@ -144,13 +142,7 @@ def test_worker_kills_with_a_tfra_table_apply_every_example_exactly_once():
 @pytest.mark.processes
 @pytest.mark.slow
 def test_worker_kills_with_steps_per_execution_apply_every_example_exactly_once():
-    result = _crash(2, "--steps-per-execution", "10", "--batches", "3000")
-    assert not result["killer_errors"] and len(result["kills"]) >= 2, result
-    assert result["closure_retries"] >= 1 and result["steps_rerun"] == [result["closure_retries"]], result
-    assert result["counts"] == {"1": result["rows"]}, result
-    assert result["iterations"] == result["steps"], result
-    assert result["offset_steps"] == {str(result["steps"]): 8}, result
-    assert result["caught"]["unsure"] == 0, result
+    _assert_every_step_once(_crash(2, "--steps-per-execution", "10", "--batches", "3000"))
 
 
 # Before sync arrivals carried step tokens (tf_psx.sync_training, "A step run
