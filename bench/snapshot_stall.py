@@ -99,7 +99,7 @@ def _count_snapshot_cpu() -> list:
     return seconds
 
 
-def _cpu_rows(none: list, sync: list, background: list, spread_text) -> list[dict]:
+def _cpu_rows(none: list, sync: list, background: list) -> list[dict]:
     """What the snapshots cost in CPU (the process's: the in-process cluster's tasks and the writes), per round.
 
     A write's CPU can run without slowing training only on core-seconds the
@@ -111,8 +111,10 @@ def _cpu_rows(none: list, sync: list, background: list, spread_text) -> list[dic
     the fit's seconds. The CPU above the fit without snapshots, a
     difference of two processes, is reported too; it spreads more.
     """
+    from _common import per_round, spread_text  # pylint: disable=import-outside-toplevel
+
     rows = [{"metric": "fit CPU seconds (the process): none / synchronous / background",
-             "value": " / ".join(spread_text(per_round_cpu(r)) for r in (none, sync, background))},
+             "value": " / ".join(spread_text(per_round(r, "fit_cpu_seconds")) for r in (none, sync, background))},
             {"metric": f"cores busy in the fit without snapshots (of {CORES})",
              "value": spread_text([run["fit_cpu_seconds"] / run["fit_seconds"] for run in none])}]
     for name, results in (("synchronous", sync), ("background", background)):
@@ -133,10 +135,6 @@ def _cpu_rows(none: list, sync: list, background: list, spread_text) -> list[dic
                            "cores (idle core-seconds of the fit without snapshots used first)",
                  "value": spread_text(floor)})
     return rows
-
-
-def per_round_cpu(results: list) -> list[float]:
-    return [float(run["fit_cpu_seconds"]) for run in results]
 
 
 def main() -> None:
@@ -173,7 +171,7 @@ def main() -> None:
         lost = [(run["fit_seconds"] - base["fit_seconds"]) / len(run["stalls"]) for run, base in zip(results, none)]
         rows.append({"metric": f"{name}: fit seconds above no snapshots, per snapshot", "value": spread_text(lost)})
     if all("fit_cpu_seconds" in run for run in none + sync + background):
-        rows.extend(_cpu_rows(none, sync, background, spread_text))
+        rows.extend(_cpu_rows(none, sync, background))
     write_result(
         "snapshot_stall",
         f"PeriodicSync every {EVERY} steps over {STEPS} steps of a {ROWS:,} x {DIM} ShardedEmbedding (fixed:2) with "

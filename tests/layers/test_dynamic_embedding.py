@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tf_psx
-from tf_psx._tf import shadows as _shadows, tfra as _tfra
+from tf_psx._tf import shadows as _shadows
 from tf_psx.layers import DynamicEmbedding
 
 from conftest import run_script

@@ -19,8 +19,10 @@ per-worker shadows, tf-keras's own train function inside the token's scope
 closure takes one token per step and the tokens travel with the stacked
 batches: tf-keras's loop reads each step's token with its batch
 (`_TokenedBatches`). Not reached: several steps of a TFRA model (its loop
-runs in tf-keras's nested train function), and a train function first traced
-outside a runner (`_token_reaches`). A re-run there may apply a step's
+runs in tf-keras's nested train function), a lone batch at
+steps_per_execution > 1 (a short last batch, its layout its own: it runs
+through tf-keras's multi-step function as it is), and a train function
+first traced outside a runner (`_token_reaches`). A re-run there may apply a step's
 update twice where the first attempt got to (counted:
 `cluster/closure_retries`).
 """
