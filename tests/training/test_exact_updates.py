@@ -153,6 +153,34 @@ def test_an_optimizer_made_outside_the_scope_gets_its_step_and_rate_on_the_ps(ps
 
 
 @pytest.mark.cluster
+@pytest.mark.parametrize("tfra_shadows", [False, True], ids=["plain", "tfra_shadows_installed"])
+def test_every_step_of_a_multi_step_fit_carries_its_token_the_short_last_batch_too(ps_strategy, monkeypatch,
+                                                                                    tfra_shadows):
+    # steps_per_execution=2 over 5 batches (9 rows, batch 2): two executions of 2 stacked batches, then the
+    # short last batch alone. `iterations` records each step's token in its ring (tf_psx.step_once.once_counter);
+    # a step without one bumps it and records nothing, and a re-run of it would be applied twice.
+    # A model without TFRA parts keeps its tokens in a process where TFRA layers got per-worker shadows.
+    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx._tf import shadows, step_tokens  # pylint: disable=import-outside-toplevel
+
+    if tfra_shadows:
+        monkeypatch.setattr(shadows, "_PER_WORKER_SHADOWS_INSTALLED", True)
+
+    with ps_strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1, use_bias=False)])
+        model.compile(tf.keras.optimizers.SGD(0.1), "mse", steps_per_execution=2)
+    x = np.arange(9, dtype=np.float32).reshape(9, 1)
+    first = step_tokens.next_token() + 1
+    model.fit(x, x, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    last = step_tokens.next_token() - 1
+    assert int(model.optimizer.iterations.numpy()) == 5
+    tokens = list(range(first, last + 1))
+    assert len(tokens) == 5, tokens  # fit took one token per step
+    ring = model.optimizer.__dict__["_tf_psx_token_rings"][("iterations", step_tokens.STEP)].numpy()
+    assert [int(ring[token % step_once.RING_SIZE]) for token in tokens] == tokens
+
+
+@pytest.mark.cluster
 def test_a_ring_is_made_beside_its_variable_whether_or_not_the_strategy_made_it(ps_strategy):
     # A token ring or counter is made `beside` the variable it guards. TF's colocate_vars_with refuses a
     # variable the strategy did not make (one made outside its scope, on the coordinator).

@@ -18,16 +18,19 @@ per-worker shadows, tf-keras's own train function inside the token's scope
 (a nested tf.function, which captures it). With steps_per_execution > 1 the
 closure takes one token per step and the tokens travel with the stacked
 batches: tf-keras's loop reads each step's token with its batch
-(`_TokenedBatches`). Not reached: several steps of a TFRA model (its loop
-runs in tf-keras's nested train function), a lone batch at
-steps_per_execution > 1 (a short last batch, its layout its own: it runs
-through tf-keras's multi-step function as it is), and a train function
-first traced outside a runner (`_token_reaches`). A re-run there may apply a step's
+(`_TokenedBatches`); a batch that runs alone in a multi-step function (a
+short last batch, or a batch with sparse or ragged parts, which are not
+stacked) is a one-step dataset of its token and batch. Not reached: steps
+of a TFRA model at steps_per_execution > 1 (its loop runs in tf-keras's
+nested train function), and a train function first traced outside a
+runner (`_token_reaches`). A re-run there may apply a step's
 update twice where the first attempt got to (counted:
 `cluster/closure_retries`).
 """
 
 from __future__ import annotations
+
+import inspect
 
 import numpy as np
 import tensorflow as tf
@@ -261,18 +264,50 @@ class _OneBatch:
         return self._batch
 
 
-def _shadows_in_use() -> bool:
-    """True once TFRA layers got per-worker shadows (tf_psx._tf.shadows) in this process.
+_TFRA_MODULE = "tensorflow_recommenders_addons"
+
+
+def _is_tfra(value) -> bool:
+    return any(cls.__module__.startswith(_TFRA_MODULE) for cls in type(value).__mro__)
+
+
+def _has_tfra_parts(model) -> bool:
+    """Whether a layer of `model` is a TFRA class or holds a TFRA object (a `de.Variable`) in an attribute."""
+    for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
+        if _is_tfra(layer):
+            return True
+        for value in vars(layer).values():
+            values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
+            if any(_is_tfra(item) for item in values):
+                return True
+    return False
+
+
+def _shadows_in_use(fn) -> bool:
+    """Whether the model of tf-keras's train or test function `fn` may use TFRA's per-worker shadows.
 
     Their handles are captured into the outermost traced function; traced
     straight into the runner, a model whose `call` is its own tf.function
     (TFRA's demo) failed with "cannot be accessed from here, because it was
     defined in FuncGraph(name=run)". Through tf-keras's own train function
-    (the dataset path) it trains.
+    (the dataset path) it trains. Only a model with TFRA parts takes that
+    path: the others keep their step tokens in a process that imported TFRA
+    too. When `fn`'s model cannot be read (not tf-keras's function), every
+    model does once shadows were installed (tf_psx._tf.shadows).
     """
     from tf_psx._tf import shadows  # pylint: disable=import-outside-toplevel
 
-    return shadows.per_worker_shadows_installed()
+    if not shadows.per_worker_shadows_installed():
+        return False
+    known = fn.__dict__.get("_tf_psx_tfra_parts")
+    if known is None:
+        python_function = getattr(fn, "python_function", None)
+        model = None
+        if python_function is not None and python_function.__closure__:
+            model = inspect.getclosurevars(python_function).nonlocals.get("self")
+        known = _has_tfra_parts(model) if hasattr(model, "_flatten_layers") else True
+        fn.__dict__["_tf_psx_tfra_parts"] = known
+    return known
 
 
 def _token_reaches(fn) -> bool:
@@ -304,16 +339,21 @@ def _runner(fn, layout, stacked: bool):
         python_function = getattr(fn, "python_function", None)
 
         def run(token, batches, *rest):
-            if not stacked and not rest and python_function is not None and not _shadows_in_use():
+            if not stacked and not rest and python_function is not None and not _shadows_in_use(fn):
                 batch = layout.unpack(batches) if layout is not None else batches
                 with _step_tokens.tracing_with(token, _step_tokens.STEP):
                     return python_function(_OneBatch(batch), *rest)
-            if stacked and python_function is not None and not _shadows_in_use():
+            if (stacked or rest) and python_function is not None and not _shadows_in_use(fn):
                 # Several steps in one execution, each with its own token (the closure's `count` numbers from
-                # `token`): the tokens travel with the batches, and tf-keras's loop reads one per step.
-                count = tf.shape(batches[0], out_type=tf.int64)[0]
-                data = tf.data.Dataset.from_tensor_slices((token + tf.range(count), batches))
-                data = data.map(lambda step_token, parts: (step_token, layout.unpack(parts)))
+                # `token`): the tokens travel with the batches, and tf-keras's loop reads one per step. A lone
+                # batch of a multi-step function (a short last batch, a batch of sparse or ragged parts) is a
+                # one-element dataset of its token and batch.
+                if stacked:
+                    count = tf.shape(batches[0], out_type=tf.int64)[0]
+                    data = tf.data.Dataset.from_tensor_slices((token + tf.range(count), batches))
+                    data = data.map(lambda step_token, parts: (step_token, layout.unpack(parts)))
+                else:
+                    data = tf.data.Dataset.from_tensors((token, layout.unpack(batches) if layout is not None else batches))
                 with _step_tokens.tracing_with(None, ""):
                     return python_function(_TokenedBatches(iter(data)), *rest)
             if stacked:
