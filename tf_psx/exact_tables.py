@@ -54,10 +54,44 @@ def _tfra_slots_of(optimizer, shadow):
     ]
 
 
+def _table_key(params) -> str:
+    return f"tfra/{params.name}"
+
+
+def _shard_key(params, index: int) -> str:
+    return _table_key(params) if len(params.devices) == 1 else f"{_table_key(params)}/shard_{index}"
+
+
 def _table_state(optimizer, params):
     """The (lock, step counter) of the TFRA table `params`, on the table's first ps task."""
     device = params.devices[0]
-    return _exact.lock_state(optimizer, f"tfra/{params.name}", lambda: tf.device(device), device)
+    return _exact.lock_state(optimizer, _table_key(params), lambda: tf.device(device), device)
+
+
+def counter_names(params) -> list[str]:
+    """The names the step counters of the TFRA table `params` may have: the whole table's, then each shard's."""
+    names = [_exact.counter_name(_table_key(params))]
+    if len(params.devices) > 1:
+        names += [_exact.counter_name(_shard_key(params, index)) for index in range(len(params.devices))]
+    return names
+
+
+def carry_counters(optimizer, params, saved: dict) -> list[str]:
+    """Starts the step counters of `params` that `saved` (a snapshot's counters of the table, by name) lacks.
+
+    A snapshot written with another number of ps tasks, or with the table
+    updated whole instead of per shard (an admission policy added or
+    dropped), has counters under other names; a counter it lacks would start
+    at 0, and Adam's bias correction would treat the restored rows' moments
+    as a first step's. It starts at the largest saved counter of the table
+    instead (every step counts on every shard). Returns the names started.
+    """
+    if not saved:
+        return []
+    started = [name for name in counter_names(params) if name not in saved]
+    for name in started:
+        _exact.set_counter(optimizer, name, max(int(value) for value in saved.values()))
+    return started
 
 
 def table_lock(optimizer, params):
@@ -130,7 +164,7 @@ def _shard_state(optimizer, params, index: int):
     `key` names the shard's lock and counter, and its token ring.
     """
     device = params.devices[index]
-    key = f"tfra/{params.name}" if len(params.devices) == 1 else f"tfra/{params.name}/shard_{index}"
+    key = _shard_key(params, index)
     lock, step = _exact.lock_state(optimizer, key, lambda: tf.device(device), device)
     counters = optimizer.__dict__.setdefault(_SHARD_STEPS_ATTR, {}).setdefault(params.name, {})
     counters[index] = step

@@ -46,6 +46,7 @@ import contextlib
 import hashlib
 import inspect
 import itertools
+import re
 import threading
 
 import tensorflow as tf
@@ -105,7 +106,7 @@ def lock_state(optimizer, key: str, variable_scope, lock_device: str):
     locks = optimizer.__dict__.setdefault(_STATE_ATTR, {})
     if key in locks:
         return locks[key]
-    name = key.replace("/", "_").replace(":", "_")
+    name = counter_name(key)
     with tf.init_scope():
         if not hasattr(optimizer, _STEPS_ATTR):
             # A tracked dict: the counters are saved with the optimizer.
@@ -156,9 +157,35 @@ def counter_path_name(path: str) -> str | None:
     return path[len(head):] if path.startswith(head) else None
 
 
+def saved_counters(reader) -> dict:
+    """{counter name: value} of the step counters in a checkpoint (a `NewCheckpointReader`)."""
+    pattern = re.compile(rf"(?:^|/){_STEPS_ATTR}/([^/]+)/\.ATTRIBUTES/VARIABLE_VALUE$")
+    saved = {}
+    for key in reader.get_variable_to_shape_map():
+        match = pattern.search(key)
+        if match:
+            # The checkpoint escapes "." in a name as "..".
+            saved[match.group(1).replace("..", ".")] = int(reader.get_tensor(key))
+    return saved
+
+
 def restore_counter_later(optimizer, name: str, value) -> None:
     """Sets the step counter `name` to `value` when the first update creates it (a delta snapshot's value)."""
     optimizer.__dict__.setdefault(_PENDING_ATTR, {})[name] = int(value)
+
+
+def counter_name(key: str) -> str:
+    """The name of `key`'s step counter: its entry in the optimizer's saved counters (`lock_state`)."""
+    return key.replace("/", "_").replace(":", "_")
+
+
+def set_counter(optimizer, name: str, value) -> None:
+    """Sets the step counter `name` to `value`: now if it exists, else when the first update creates it."""
+    made = getattr(optimizer, _STEPS_ATTR, {})
+    if name in made:
+        made[name].assign(int(value))
+    else:
+        restore_counter_later(optimizer, name, value)
 
 
 def beside(variable):

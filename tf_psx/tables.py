@@ -42,7 +42,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import exact_tables as _exact_tables
+from tf_psx import exact_tables as _exact_tables, exact_updates as _exact_updates
 from tf_psx._tf import tfra as _tfra
 from tf_psx.errors import DataError
 
@@ -434,6 +434,30 @@ def _layer_tables(layer) -> list:
     return tables
 
 
+def _counter_of(name: str, table) -> bool:
+    """Whether the step counter `name` is the TFRA table `table`'s (its whole-table or a shard's, any shard count)."""
+    (whole, *_) = _exact_tables.counter_names(table)
+    return name == whole or re.fullmatch(rf"{re.escape(whole)}_shard_\d+", name) is not None
+
+
+def carry_step_counters(model, counters: dict) -> None:
+    """Starts each DynamicEmbedding's step counters that `counters` (a snapshot's, by name) lack at the table's largest.
+
+    A table's counters are named by its layout (one per shard, or one for
+    the whole table): `tf_psx.exact_tables.carry_counters`.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return
+    for layer in hash_table_layers(model):
+        saved = {name: value for name, value in counters.items() if _counter_of(name, layer.table)}
+        started = _exact_tables.carry_counters(optimizer, layer.table, saved)
+        whole, *shards = _exact_tables.counter_names(layer.table)
+        if saved and set(saved) not in ({whole}, set(shards)):
+            logger.info("table %s: saved with step counters %s; %s start at %d", layer.table.name,
+                        ", ".join(sorted(saved)), ", ".join(started), max(saved.values()))
+
+
 def restore_tables(model, prefix: str) -> list[str]:
     """Moves every DynamicEmbedding row restored from `prefix` onto the shard its key belongs to.
 
@@ -443,7 +467,9 @@ def restore_tables(model, prefix: str) -> list[str]:
     with fewer tasks, not restored at all. For each table (rows, optimizer
     slots, meta) whose shard count differs, this clears it and inserts every
     saved shard again through the table's own key partition. Tables saved
-    with the current shard count are left as TF restored them.
+    with the current shard count are left as TF restored them. Step
+    counters the snapshot lacks (another shard count) start at the table's
+    largest saved one (`carry_step_counters`).
 
     Returns:
       The names of the tables that were resharded.
@@ -451,6 +477,7 @@ def restore_tables(model, prefix: str) -> list[str]:
     reader = tf.compat.v1.train.NewCheckpointReader(prefix)  # a prefix, also on ram://
     names = list(reader.get_variable_to_shape_map())
     resharded = []
+    carry_step_counters(model, _exact_updates.saved_counters(reader))
     for layer in hash_table_layers(model):
         for table in _layer_tables(layer):
             escaped = re.escape(table.name.replace("/", ".S"))

@@ -276,6 +276,21 @@ def test_admission_is_exact_with_two_workers():
 
 
 @pytest.mark.processes
+@pytest.mark.parametrize("saved_policy,restored_policy,ps", [("none", "none", 3), ("none", "admit", 2)])
+def test_adam_step_counters_go_on_from_the_snapshot_under_another_layout(tmp_path, saved_policy, restored_policy, ps):
+    # Saved per shard on 2 ps tasks after 6 steps (2 counters of 6). Restored onto 3 ps tasks (a third shard)
+    # or with an admission policy (the table updated whole, one counter): every counter the restored table
+    # uses goes on from 6, so after 6 more steps each is 12. A counter started at 0 would give Adam's bias
+    # correction of a first step to the restored moments.
+    saved = _result(run_script("table_restore.py", "save", str(tmp_path), "2", saved_policy, "adam"))
+    assert saved["size"] > 0
+    restored = _result(run_script("table_restore.py", "restore", str(tmp_path), str(ps), restored_policy, "adam"))
+    assert restored["restored_step"] == 6 and restored["rows_max_diff"] == 0.0, restored
+    expected = 3 if restored_policy == "none" else 1
+    assert len(restored["table_steps"]) == expected and set(restored["table_steps"].values()) == {12}, restored
+
+
+@pytest.mark.processes
 @pytest.mark.parametrize("saved_policy,restored_policy,ps", [("admit", "admit", 3), ("none", "admit", 3),
                                                              ("admit", "none", 1)])
 def test_snapshot_restores_onto_another_number_of_ps_tasks(tmp_path, saved_policy, restored_policy, ps):

@@ -4,6 +4,8 @@ restore DIR PS POLICY: in a fresh process, on PS ps tasks, fit with PeriodicSync
 right after the restore, the rows, accumulators and counts must equal the saved ones.
 
 POLICY is "none" (no admission or eviction) or "admit" (min_count=2, max_rows=10_000).
+OPTIMIZER (optional) is "adagrad" (the default) or "adam"; the restore reports the table's
+step counters after its 6 steps (Adam's bias correction counts the steps of each shard).
 Prints `RESULT {json}`.
 """
 
@@ -19,6 +21,7 @@ import tensorflow as tf  # noqa: E402
 MIN_COUNT = 2
 STEPS = 6
 mode, directory, num_ps, policy = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+optimizer_name = sys.argv[5] if len(sys.argv) > 5 else "adagrad"
 rng = np.random.default_rng(0)
 vocab = (10**12 + rng.choice(10**9, size=300, replace=False)).astype(np.int64)
 # Zipf-like: many keys seen once (never admitted with min_count=2).
@@ -33,7 +36,8 @@ def build(strategy):
         layer = tf_psx.layers.DynamicEmbedding(3, name="items", **kwargs)
         out = tf.keras.layers.Dense(1, activation="sigmoid")(tf.keras.layers.Flatten()(layer(inputs)))
         model = tf.keras.Model(inputs, out)
-        model.compile(tf.keras.optimizers.Adagrad(0.1), "binary_crossentropy")
+        optimizer = tf.keras.optimizers.Adam(0.01) if optimizer_name == "adam" else tf.keras.optimizers.Adagrad(0.1)
+        model.compile(optimizer, "binary_crossentropy")
     return model, layer
 
 
@@ -88,5 +92,8 @@ with tf_psx.LocalCluster(num_workers=1, num_ps=num_ps) as cluster:
         "counts_equal_saved": bool(np.array_equal(saved["counts"], got["counts"])),
         "counts_seeded": bool(len(got["counts"]) and np.all(got["counts"][got["exists"]] == MIN_COUNT)),
         "ps_saved": None, "ps": num_ps, "policy": policy,
+        # The table's step counters made by the updates (per shard, or the whole table's), by name.
+        "table_steps": {name: int(counter.numpy()) for name, counter in model.optimizer._tf_psx_local_steps.items()
+                        if name in tf_psx.exact_tables.counter_names(layer.table)},
     }
     print("RESULT " + json.dumps(result))

@@ -216,11 +216,13 @@ def apply_newest_delta(snapshot: Snapshot, model, tracker: _deltas.DeltaTracker,
     delta = _deltas.latest_delta(snapshot.path, snapshot.step)
     if delta is None:
         return snapshot
-    variables, unknown = tracker.variables, []
+    variables, unknown, counters = tracker.variables, [], {}
     for path, rows, values in delta.entries():
+        counter = _exact_updates.counter_path_name(path)
+        if counter is not None:
+            counters[counter] = int(values)
         variable = variables.get(path)
         if variable is None:
-            counter = _exact_updates.counter_path_name(path)
             if counter is not None and model.optimizer is not None:
                 # Made by the first update: set then.
                 _exact_updates.restore_counter_later(model.optimizer, counter, values)
@@ -236,6 +238,7 @@ def apply_newest_delta(snapshot: Snapshot, model, tracker: _deltas.DeltaTracker,
         # Rows count across all shards: the delta restores onto any number of ps tasks.
         _deltas.apply_rows(variable, rows, values)
         tracker.mark_written(path, rows)
+    _tables.carry_step_counters(model, counters)  # a table's counters under another layout's names
     if unknown:
         # Variables made lazily by the first step (compiled metrics): the full snapshot's deferred restore
         # covers them, at the full snapshot's values.
