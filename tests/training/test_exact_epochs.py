@@ -128,11 +128,15 @@ def _assert_every_step_once(result: dict) -> None:
 # table over 2 ps tasks (2 workers, 5 kills, 2,000 batches) applied 16 rows
 # twice, with 2,005 iterations for 2,000 steps; with tokens but no journal for
 # table shards (10 kills, 3,000 batches), 5 rows twice: one shard update cut
-# off after its writes, counted unsure.
+# off after its writes, counted unsure. At steps_per_execution=10, before the
+# tokens reached a TFRA model's multi-step function: 5 kills, 160 rows of
+# 24,000 twice, 3,021 iterations for 3,000 steps.
 @pytest.mark.processes
 @pytest.mark.slow
-def test_worker_kills_with_a_tfra_table_apply_every_example_exactly_once():
-    _assert_every_step_once(_crash(2, "--tfra", "--batches", "3000"))  # every row of the hash table
+@pytest.mark.parametrize("steps_per_execution", ["1", "10"])
+def test_worker_kills_with_a_tfra_table_apply_every_example_exactly_once(steps_per_execution):
+    # every row of the hash table
+    _assert_every_step_once(_crash(2, "--tfra", "--batches", "3000", "--steps-per-execution", steps_per_execution))
 
 
 # Before the steps of one execution carried a token each (tf_psx._tf.fed_steps ran

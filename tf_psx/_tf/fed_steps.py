@@ -20,10 +20,10 @@ closure takes one token per step and the tokens travel with the stacked
 batches: tf-keras's loop reads each step's token with its batch
 (`_TokenedBatches`); a batch that runs alone in a multi-step function (a
 short last batch, or a batch with sparse or ragged parts, which are not
-stacked) is a one-step dataset of its token and batch. Not reached: steps
-of a TFRA model at steps_per_execution > 1 (its loop runs in tf-keras's
-nested train function), and a train function first traced outside a
-runner (`_token_reaches`). A re-run there may apply a step's
+stacked) is a one-step dataset of its token and batch; a model with TFRA
+parts gets that iterator in tf-keras's own multi-step function (nested).
+Not reached: a TFRA model's train function first traced outside a runner
+(`_token_reaches`). A re-run there may apply a step's
 update twice where the first attempt got to (counted:
 `cluster/closure_retries`).
 """
@@ -343,11 +343,13 @@ def _runner(fn, layout, stacked: bool):
                 batch = layout.unpack(batches) if layout is not None else batches
                 with _step_tokens.tracing_with(token, _step_tokens.STEP):
                     return python_function(_OneBatch(batch), *rest)
-            if (stacked or rest) and python_function is not None and not _shadows_in_use(fn):
+            tfra = _shadows_in_use(fn)
+            if (stacked or rest) and python_function is not None and (not tfra or _token_reaches(fn)):
                 # Several steps in one execution, each with its own token (the closure's `count` numbers from
                 # `token`): the tokens travel with the batches, and tf-keras's loop reads one per step. A lone
                 # batch of a multi-step function (a short last batch, a batch of sparse or ragged parts) is a
-                # one-element dataset of its token and batch.
+                # one-element dataset of its token and batch. A model with TFRA parts runs tf-keras's own
+                # multi-step function (a nested tf.function: `_shadows_in_use`), given the same iterator.
                 if stacked:
                     count = tf.shape(batches[0], out_type=tf.int64)[0]
                     data = tf.data.Dataset.from_tensor_slices((token + tf.range(count), batches))
@@ -355,7 +357,7 @@ def _runner(fn, layout, stacked: bool):
                 else:
                     data = tf.data.Dataset.from_tensors((token, layout.unpack(batches) if layout is not None else batches))
                 with _step_tokens.tracing_with(None, ""):
-                    return python_function(_TokenedBatches(iter(data)), *rest)
+                    return (fn if tfra else python_function)(_TokenedBatches(iter(data)), *rest)
             if stacked:
                 data = tf.data.Dataset.from_tensor_slices(batches)
                 if layout is not None:
