@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import tf_psx
 from tf_psx import exact_compile as _exact_compile, exact_tables as _exact_tables, exact_updates as _exact_updates
 from tf_psx._tf import exact_updates as _exact_door
 
@@ -153,31 +154,43 @@ def test_an_optimizer_made_outside_the_scope_gets_its_step_and_rate_on_the_ps(ps
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("tfra_shadows", [False, True], ids=["plain", "tfra_shadows_installed"])
+@pytest.mark.parametrize("model_kind", ["plain", "plain_with_tfra_shadows_installed", "dynamic_embedding"])
 def test_every_step_of_a_multi_step_fit_carries_its_token_the_short_last_batch_too(ps_strategy, monkeypatch,
-                                                                                    tfra_shadows):
+                                                                                    model_kind):
     # steps_per_execution=2 over 5 batches (9 rows, batch 2): two executions of 2 stacked batches, then the
-    # short last batch alone. `iterations` records each step's token in its ring (tf_psx.step_once.once_counter);
-    # a step without one bumps it and records nothing, and a re-run of it would be applied twice.
-    # A model without TFRA parts keeps its tokens in a process where TFRA layers got per-worker shadows.
+    # short last batch alone. Every update records its step's token in its ring (tf_psx.step_once): each
+    # variable's or group's, each table shard's, `iterations`'. A step without a token updates and records
+    # nothing, and a re-run of it would be applied twice. A model without TFRA parts keeps its tokens in a
+    # process where TFRA layers got per-worker shadows; a model with a TFRA table runs tf-keras's own
+    # multi-step function, with the tokens too.
     from tf_psx import step_once  # pylint: disable=import-outside-toplevel
     from tf_psx._tf import shadows, step_tokens  # pylint: disable=import-outside-toplevel
 
-    if tfra_shadows:
+    if model_kind == "plain_with_tfra_shadows_installed":
         monkeypatch.setattr(shadows, "_PER_WORKER_SHADOWS_INSTALLED", True)
-
     with ps_strategy.scope():
-        model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1, use_bias=False)])
-        model.compile(tf.keras.optimizers.SGD(0.1), "mse", steps_per_execution=2)
-    x = np.arange(9, dtype=np.float32).reshape(9, 1)
+        if model_kind == "dynamic_embedding":
+            inputs = tf.keras.Input((3,), dtype=tf.int64)
+            rows = tf_psx.layers.DynamicEmbedding(2, name="short_last_batch")(inputs)
+            model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(rows)))
+            x = np.arange(9 * 3, dtype=np.int64).reshape(9, 3)
+        else:
+            model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1, use_bias=False)])
+            x = np.arange(9, dtype=np.float32).reshape(9, 1)
+        model.compile(tf.keras.optimizers.Adam(0.01), "mse", steps_per_execution=2)
     first = step_tokens.next_token() + 1
-    model.fit(x, x, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    model.fit(x, np.ones((9, 1), np.float32), batch_size=2, epochs=1, shuffle=False, verbose=0)
     last = step_tokens.next_token() - 1
     assert int(model.optimizer.iterations.numpy()) == 5
     tokens = list(range(first, last + 1))
     assert len(tokens) == 5, tokens  # fit took one token per step
-    ring = model.optimizer.__dict__["_tf_psx_token_rings"][("iterations", step_tokens.STEP)].numpy()
-    assert [int(ring[token % step_once.RING_SIZE]) for token in tokens] == tokens
+    rings = {key: ring.numpy() for (key, kind), ring in model.optimizer.__dict__["_tf_psx_token_rings"].items()
+             if kind == step_tokens.STEP}
+    assert any("iterations" in key for key in rings), list(rings)
+    if model_kind == "dynamic_embedding":
+        assert sum(key.startswith("tfra/") for key in rings) == 2, list(rings)  # a ring per table shard
+    for key, ring in rings.items():
+        assert [int(ring[token % step_once.RING_SIZE]) for token in tokens] == tokens, key
 
 
 @pytest.mark.cluster
