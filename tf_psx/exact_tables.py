@@ -84,13 +84,17 @@ def carry_counters(optimizer, params, saved: dict) -> list[str]:
     dropped), has counters under other names; a counter it lacks would start
     at 0, and Adam's bias correction would treat the restored rows' moments
     as a first step's. It starts at the largest saved counter of the table
-    instead (every step counts on every shard). Returns the names started.
+    instead (every step counts on every shard). A saved counter of 0 beside
+    larger ones is one the saved layout did not update (the whole table's
+    lock, which eviction takes, has one too): it starts there as well.
+    Returns the names started.
     """
-    if not saved:
+    top = max((int(value) for value in saved.values()), default=0)
+    if top == 0:
         return []
-    started = [name for name in counter_names(params) if name not in saved]
+    started = [name for name in counter_names(params) if int(saved.get(name, 0)) == 0]
     for name in started:
-        _exact.set_counter(optimizer, name, max(int(value) for value in saved.values()))
+        _exact.set_counter(optimizer, name, top)
     return started
 
 

@@ -453,7 +453,7 @@ def carry_step_counters(model, counters: dict) -> None:
         saved = {name: value for name, value in counters.items() if _counter_of(name, layer.table)}
         started = _exact_tables.carry_counters(optimizer, layer.table, saved)
         whole, *shards = _exact_tables.counter_names(layer.table)
-        if saved and set(saved) not in ({whole}, set(shards)):
+        if started and set(saved) not in ({whole}, set(shards)):
             logger.info("table %s: saved with step counters %s; %s start at %d", layer.table.name,
                         ", ".join(sorted(saved)), ", ".join(started), max(saved.values()))
 

@@ -303,8 +303,11 @@ def _shadows_in_use(fn) -> bool:
     if known is None:
         python_function = getattr(fn, "python_function", None)
         model = None
-        if python_function is not None and python_function.__closure__:
-            model = inspect.getclosurevars(python_function).nonlocals.get("self")
+        if python_function is not None and getattr(python_function, "__closure__", None):
+            try:
+                model = inspect.getclosurevars(python_function).nonlocals.get("self")
+            except (TypeError, ValueError):  # not a plain Python function: its model is unknown
+                model = None
         known = _has_tfra_parts(model) if hasattr(model, "_flatten_layers") else True
         fn.__dict__["_tf_psx_tfra_parts"] = known
     return known
