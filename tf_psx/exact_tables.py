@@ -38,6 +38,7 @@ table lock). Importing this module imports TensorFlow.
 from __future__ import annotations
 
 import contextlib
+import re
 
 import tensorflow as tf
 
@@ -74,6 +75,13 @@ def counter_names(params) -> list[str]:
     if len(params.devices) > 1:
         names += [_exact.counter_name(_shard_key(params, index)) for index in range(len(params.devices))]
     return names
+
+
+def counters_of(params, counters: dict) -> dict:
+    """The entries of `counters` (by counter name) that are the TFRA table `params`' (whole or a shard's, any shard count)."""
+    whole = _exact.counter_name(_table_key(params))
+    shard = re.compile(rf"{re.escape(_exact.counter_name(f'{_table_key(params)}/shard_'))}\d+")
+    return {name: value for name, value in counters.items() if name == whole or shard.fullmatch(name)}
 
 
 def carry_counters(optimizer, params, saved: dict) -> list[str]:

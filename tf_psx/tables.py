@@ -434,12 +434,6 @@ def _layer_tables(layer) -> list:
     return tables
 
 
-def _counter_of(name: str, table) -> bool:
-    """Whether the step counter `name` is the TFRA table `table`'s (its whole-table or a shard's, any shard count)."""
-    (whole, *_) = _exact_tables.counter_names(table)
-    return name == whole or re.fullmatch(rf"{re.escape(whole)}_shard_\d+", name) is not None
-
-
 def carry_step_counters(model, counters: dict) -> None:
     """Starts each DynamicEmbedding's step counters that `counters` (a snapshot's, by name) lack at the table's largest.
 
@@ -450,7 +444,7 @@ def carry_step_counters(model, counters: dict) -> None:
     if optimizer is None:
         return
     for layer in hash_table_layers(model):
-        saved = {name: value for name, value in counters.items() if _counter_of(name, layer.table)}
+        saved = _exact_tables.counters_of(layer.table, counters)
         started = _exact_tables.carry_counters(optimizer, layer.table, saved)
         whole, *shards = _exact_tables.counter_names(layer.table)
         if started and set(saved) not in ({whole}, set(shards)):

@@ -35,7 +35,7 @@ import inspect
 import numpy as np
 import tensorflow as tf
 
-from tf_psx._tf import step_tokens as _step_tokens
+from tf_psx._tf import step_tokens as _step_tokens, tfra as _tfra
 from tf_psx._tf.keras import wrapped_like
 
 # Layouts kept per input (one per batch shape seen: the full batches and a short last one).
@@ -264,25 +264,6 @@ class _OneBatch:
         return self._batch
 
 
-_TFRA_MODULE = "tensorflow_recommenders_addons"
-
-
-def _is_tfra(value) -> bool:
-    return any(cls.__module__.startswith(_TFRA_MODULE) for cls in type(value).__mro__)
-
-
-def _has_tfra_parts(model) -> bool:
-    """Whether a layer of `model` is a TFRA class or holds a TFRA object (a `de.Variable`) in an attribute."""
-    for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
-        if _is_tfra(layer):
-            return True
-        for value in vars(layer).values():
-            values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
-            if any(_is_tfra(item) for item in values):
-                return True
-    return False
-
-
 def _shadows_in_use(fn) -> bool:
     """Whether the model of tf-keras's train or test function `fn` may use TFRA's per-worker shadows.
 
@@ -308,7 +289,7 @@ def _shadows_in_use(fn) -> bool:
                 model = inspect.getclosurevars(python_function).nonlocals.get("self")
             except (TypeError, ValueError):  # not a plain Python function: its model is unknown
                 model = None
-        known = _has_tfra_parts(model) if hasattr(model, "_flatten_layers") else True
+        known = _tfra.model_has_tfra_parts(model) if hasattr(model, "_flatten_layers") else True
         fn.__dict__["_tf_psx_tfra_parts"] = known
     return known
 

@@ -237,19 +237,40 @@ def _tfra_wrapped(optimizer) -> bool:
     return "_bp_v2" in vars(optimizer)
 
 
+_MODULE = "tensorflow_recommenders_addons"
+
+
 def is_tfra_shadow(variable) -> bool:
     """True for TFRA's per-batch buffers (shadows, their ids, slot shadows).
 
     They are written back to the hash tables by TFRA's own apply path, or by
     tf_psx.exact_updates' table update.
     """
-    return type(variable).__module__.startswith("tensorflow_recommenders_addons")
+    return type(variable).__module__.startswith(_MODULE)
 
 
 def model_has_tfra_layers(model) -> bool:
     """True for a model with a layer of TFRA's own (`de.keras.layers.Embedding`, `SquashedEmbedding`, ...)."""
-    return any(type(layer).__module__.startswith("tensorflow_recommenders_addons")
+    return any(type(layer).__module__.startswith(_MODULE)
                for layer in model._flatten_layers())  # pylint: disable=protected-access
+
+
+def _of_tfra(value) -> bool:
+    """True for an object whose class, or a base of it, is TFRA's."""
+    return any(cls.__module__.startswith(_MODULE) for cls in type(value).__mro__)
+
+
+def model_has_tfra_parts(model) -> bool:
+    """`model_has_tfra_layers`, also counting a layer that subclasses TFRA's or holds a TFRA object (a
+    `de.Variable`) in an attribute (directly, or in a list, tuple or dict)."""
+    for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
+        if _of_tfra(layer):
+            return True
+        for value in vars(layer).values():
+            values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
+            if any(_of_tfra(item) for item in values):
+                return True
+    return False
 
 
 _TFRA_HOOK_INSTALLED = False
