@@ -148,6 +148,31 @@ TABLE_UPDATES_PER_SHARD = True
 TABLE_UPDATES_ON_PS = True
 
 
+def _narrowed(value, wire):
+    """`value` (a tensor or an IndexedSlices' values) rounded to `wire` and back, here; as is when `wire` is None."""
+    if wire is None:
+        return value
+    if isinstance(value, tf.IndexedSlices):
+        return tf.IndexedSlices(_narrowed(value.values, wire), value.indices, value.dense_shape)
+    return tf.cast(tf.cast(value, wire), value.dtype)
+
+
+def _send(value, device: str, wire):
+    """`value` (a tensor or an IndexedSlices) copied to `device`; with `wire`, its values cross as `wire`.
+
+    Cast to `wire` here and back to their dtype on `device`, so the bytes
+    in flight are `wire`'s (tf_psx.layers.DynamicEmbedding's `wire_dtype`).
+    """
+    if wire is None:
+        return _exact.on_device(value, device)
+    if isinstance(value, tf.IndexedSlices):
+        return tf.IndexedSlices(_send(value.values, device, wire), _exact.on_device(value.indices, device),
+                                value.dense_shape)
+    narrow = tf.cast(value, wire)
+    with tf.device(device):
+        return tf.cast(narrow, value.dtype)
+
+
 def _tfra_locked_update(original, optimizer, gradient, shadow):
     if not shadow.params.trainable:
         return tf.no_op()
@@ -288,7 +313,8 @@ def _sharded_update(original, optimizer, gradient, shadow, slots):
     for index, (ids, rows, grad) in enumerate(parts):
         device = params.devices[index]
         (lock, step), key = _shard_state(optimizer, params, index)
-        ids, rows, grad = (_exact.on_device(value, device) for value in (ids, rows, grad))
+        ids = _exact.on_device(ids, device)
+        rows, grad = (_send(value, device, _tfra.wire_dtype_of(params)) for value in (rows, grad))
         # With a step token, a journal to undo an attempt cut off midway (None: no token, no re-run to tell).
         journal = _ShardJournal(params, slots, index, device) if step_token is not None else None
 
@@ -330,13 +356,15 @@ def _whole_table_update(original, optimizer, gradient, shadow, slots, on_ps: boo
     params = shadow.params
     admission = _tfra.admission_of(params)
     device = params.devices[0]
+    wire = _tfra.wire_dtype_of(params)
     if on_ps:
         # Read from the worker's buffers before the lock, sent once.
         step_ids = _exact.on_device(shadow.ids.read_value(), device)
-        step_rows = _exact.on_device(shadow.read_value(do_prefetch=False), device)
-        gradient = _exact.on_device(gradient, device)
+        step_rows = _send(shadow.read_value(do_prefetch=False), device, wire)
+        gradient = _send(gradient, device, wire)
         ready = [step_ids, step_rows, *_exact.tensors_of(gradient)]
     else:
+        gradient = _narrowed(gradient, wire)
         ready = _exact.tensors_of(gradient)
 
     def update():
@@ -378,6 +406,29 @@ def _whole_table_update(original, optimizer, gradient, shadow, slots, on_ps: boo
     return _exact.execute_unordered(lock, once, step, ready=ready)
 
 
+def _tfra_apply_wide(tfra_fn, distribution, grads_and_vars, **kwargs):
+    """TFRA's own apply; a table with a wire dtype first gets its rows as stored and its gradient rounded.
+
+    TFRA's apply updates the rows the forward pass read and writes them
+    back: read through the wire, they are rounded, and the table would lose
+    its float32 precision at every step. So the shadow is loaded with the
+    table's rows (the forward's rows for keys still absent) and the gradient
+    rounded as tf_psx's exact update sends it: the same arithmetic as there.
+    """
+    loads, narrowed = [], []
+    for grad, var in grads_and_vars:
+        wire = _tfra.wire_dtype_of(var.params) if _tfra.is_tfra_shadow(var) else None
+        if wire is not None:
+            ids = tf.reshape(var.ids.read_value(), [-1])
+            stored, exists = var.params.lookup(ids, return_exists=True)
+            forward = var.read_value(do_prefetch=False)
+            loads.append(_shadows.write_buffer(var, tf.where(tf.reshape(exists, [-1, 1]), stored, forward)))
+            grad = _narrowed(grad, wire)
+        narrowed.append((grad, var))
+    with tf.control_dependencies(loads):
+        return tfra_fn(distribution, narrowed, **kwargs)
+
+
 def tfra_apply_gradients_fn(optimizer, tfra_fn):
     """An exact `_distributed_apply_gradients_fn` for a TFRA-wrapped optimizer.
 
@@ -398,7 +449,7 @@ def tfra_apply_gradients_fn(optimizer, tfra_fn):
                           for _, var in grads_and_vars)
         if not _exact.strategy_wants_exact(optimizer) and not with_policy:
             # Tables with admission always take the path below, which writes admitted keys only.
-            return tfra_fn(distribution, grads_and_vars, **kwargs)
+            return _tfra_apply_wide(tfra_fn, distribution, grads_and_vars, **kwargs)
         original = _door.original_update_step()
 
         def apply_one(var, grad):

@@ -121,6 +121,68 @@ def test_table_lives_on_the_ps_tasks_and_keys_spread(ps_strategy):
         assert isinstance(buffer, _shadows._PerWorkerHandle), type(buffer).__mro__  # pylint: disable=protected-access
 
 
+# The linear model of the wire test: a sample's loss is C times the sum of
+# its rows, so a key's gradient in a step is C / BATCH times its
+# occurrences in the batch (summed once per key: TFRA looks up each key of a
+# batch once) whatever the rows are, and SGD's rows have a closed form.
+# C and INIT round in opposite directions in bfloat16, so their errors add up in every row.
+WIRE_C, WIRE_LR = 0.7, 0.5
+
+
+def _linear_wire_model(wire_dtype):
+    inputs = tf.keras.Input((FIELDS,), dtype=tf.int64)
+    layer = DynamicEmbedding(DIM, initializer=tf.keras.initializers.Constant(INIT), wire_dtype=wire_dtype)
+    scaled = tf.keras.layers.Lambda(lambda rows: tf.reduce_sum(rows, axis=[1, 2])[:, None] * WIRE_C)(layer(inputs))
+    model = tf.keras.Model(inputs, scaled)
+    model.compile(tf.keras.optimizers.SGD(WIRE_LR), lambda _y, pred: tf.reduce_sum(pred, axis=-1))
+    return model, layer
+
+
+def _bfloat16(value):
+    """`value` (float32) rounded to bfloat16, as float64."""
+    return tf.cast(tf.cast(tf.constant(value, tf.float32), tf.bfloat16), tf.float32).numpy().astype(np.float64)
+
+
+@pytest.mark.cluster
+def test_wire_dtype_rounds_rows_and_gradients_alike_with_and_without_a_strategy(ps_strategy):
+    vocab, index, labels = _keys_and_labels()
+    keys = vocab[index]
+    per_step = np.stack([np.bincount(index[step * BATCH:(step + 1) * BATCH].ravel(), minlength=len(vocab))
+                         for step in range(STEPS)])
+
+    def dataset(_ctx=None):
+        return tf.data.Dataset.from_tensor_slices((keys, labels)).batch(BATCH)
+
+    local, local_layer = _linear_wire_model("bfloat16")
+    local.fit(dataset(), epochs=1, verbose=0)
+    with ps_strategy.scope():
+        model, layer = _linear_wire_model("bfloat16")
+    model.fit(tf.keras.utils.experimental.DatasetCreator(dataset), epochs=1, steps_per_epoch=STEPS, verbose=0)
+
+    # A new key's row is the initializer's, read through the wire (rounded),
+    # then each step subtracts LR x its rounded gradient; float32 on the ps.
+    gradients = per_step.astype(np.float32) * (np.float32(WIRE_C) / BATCH)
+    narrow = _bfloat16(INIT) - WIRE_LR * _bfloat16(gradients).sum(axis=0)
+    wide = INIT - WIRE_LR * gradients.astype(np.float64).sum(axis=0)
+    assert np.abs(narrow - wide).min() > 1e-4  # the closed forms tell the two apart for every key
+    for table_layer in (local_layer, layer):
+        rows = table_layer.table.lookup(tf.constant(vocab)).numpy()
+        assert rows.dtype == np.float32 and table_layer.table.value_dtype == tf.float32
+        np.testing.assert_allclose(rows, np.repeat(narrow[:, None], DIM, axis=1), atol=2e-5)
+    # Evaluation reads the rows through the wire too: each is its bfloat16 rounding.
+    read = layer(tf.constant(vocab[None, :FIELDS]), training=False).numpy()[0]
+    stored = layer.table.lookup(tf.constant(vocab[:FIELDS])).numpy()
+    np.testing.assert_array_equal(read, tf.cast(tf.cast(stored, tf.bfloat16), tf.float32).numpy())
+    assert not np.array_equal(read, stored)
+    assert layer.get_config()["wire_dtype"] == "bfloat16"
+
+
+def test_wire_dtype_of_a_hash_table_must_be_a_half_float():
+    with pytest.raises(ValueError, match=r"`wire_dtype` of DynamicEmbedding must be None, \"bfloat16\" or "
+                                         r"\"float16\"\. Received: 'int8'\. Fix: pass wire_dtype="):
+        DynamicEmbedding(4, wire_dtype="int8")
+
+
 def test_string_keys_are_hashed_and_grow_the_table():
     inputs = tf.keras.Input((3,), dtype=tf.string)
     layer = DynamicEmbedding(3, key_dtype=tf.string)

@@ -158,6 +158,90 @@ def admission_of(params):
     return getattr(params, ADMISSION_ATTR, None)
 
 
+# Set on a TFRA `dynamic_embedding.Variable` whose rows and gradients cross
+# the network as a half float (tf_psx.layers.DynamicEmbedding's `wire_dtype`).
+WIRE_DTYPE_ATTR = "_tf_psx_wire_dtype"
+
+
+def set_wire_dtype(params, dtype) -> None:
+    """Makes the lookups of `params` (and tf_psx's updates of it) move values as `dtype` (None: its own)."""
+    setattr(params, WIRE_DTYPE_ATTR, dtype)
+    if dtype is not None:
+        _install_wire_prefetch()
+
+
+def wire_dtype_of(params):
+    """The wire dtype set on a TFRA variable, or None."""
+    return getattr(params, WIRE_DTYPE_ATTR, None)
+
+
+def wire_lookup(params, keys, wire_dtype, with_defaults: bool = True):
+    """(values, exists) of the 1-D `keys` in the TFRA variable `params`, each shard's values narrowed where it lives.
+
+    As TFRA 0.8.1's `Variable.lookup(keys, return_exists=True)` (its
+    partition, its defaults for absent keys), except that each shard's
+    values are cast to `wire_dtype` on the shard's task and back to the
+    table's dtype here: the rows cross the network at half the bytes.
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    keys = tf.convert_to_tensor(keys)
+    count = len(params.devices)
+    if count == 1:
+        parts, positions = [keys], None
+    else:
+        shard_of = params.partition_fn(keys, count)
+        parts = tf.dynamic_partition(keys, shard_of, count)
+        positions = tf.dynamic_partition(tf.range(tf.shape(keys)[0]), shard_of, count)
+    values, exists = [], []
+    for index, part in enumerate(parts):
+        value, found = shard_lookup(params, index, part, with_defaults=with_defaults)
+        with tf.device(params.devices[index]):
+            narrow = tf.cast(value, wire_dtype)
+        values.append(tf.cast(narrow, params.value_dtype))
+        exists.append(found)
+    if positions is None:
+        return values[0], exists[0]
+    return tf.dynamic_stitch(positions, values), tf.dynamic_stitch(positions, exists)
+
+
+_WIRE_PREFETCH_INSTALLED = False
+
+
+def _install_wire_prefetch() -> None:
+    """Makes TFRA 0.8.1's `ShadowVariable.prefetch_values` (a training lookup) use `wire_lookup` for tables with a wire dtype.
+
+    Tables without one keep TFRA's own lookup.
+    """
+    global _WIRE_PREFETCH_INSTALLED  # pylint: disable=global-statement
+    if _WIRE_PREFETCH_INSTALLED:
+        return
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    tfra()
+    from tensorflow_recommenders_addons.dynamic_embedding.python.ops import (  # pylint: disable=import-outside-toplevel
+        shadow_embedding_ops,
+    )
+
+    klass = shadow_embedding_ops.ShadowVariable
+    original = klass.prefetch_values
+
+    def prefetch_values(self, update=False):
+        wire = wire_dtype_of(self.params)
+        if wire is None:
+            return original(self, update)
+        with tf.device(self._handle.device):  # pylint: disable=protected-access
+            values, exists = wire_lookup(self.params, self.ids, wire)
+            if self.params.bp_v2:
+                self.exists.assign(exists)
+            self.prefetch_values_op = self.transform(values)
+        return self.prefetch_values_op
+
+    prefetch_values.__wrapped__ = original
+    klass.prefetch_values = prefetch_values
+    _WIRE_PREFETCH_INSTALLED = True
+
+
 def shard_lookup(params, index: int, keys, with_defaults: bool = True):
     """(values, exists) of `keys` in shard `index` of the TFRA variable `params`, made where that shard lives.
 

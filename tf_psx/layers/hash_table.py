@@ -13,6 +13,7 @@ from tf_psx import _checks, exact_tables as _exact_tables
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime, shadows as _shadows, tfra as _tfra
 from tf_psx.errors import ArgumentError
 from tf_psx.layers.common import serializable
+from tf_psx.layers.wire import as_wire_dtype
 
 __all__ = ["DynamicEmbedding", "table_keys", "STRING_KEY_BUCKETS", "UNSEEN_KEY_DEFAULT", "DEFAULT_INIT_STDDEV"]
 
@@ -99,6 +100,13 @@ class DynamicEmbedding(_keras.layers.Layer):
       spill_dir: a directory for the disk tier: evicted rows and their slots
         are written there, and a key that comes back gets them again (at the
         next `TableEviction` run; until then it reads the default row).
+      wire_dtype: None, "bfloat16" or "float16": the rows a lookup reads are
+        cast to it on the ps task that holds them, and the gradients (and
+        the forward rows an exact update sends back) are cast to it before
+        they leave the worker; the table and the optimizer's slots stay
+        float32 on the ps tasks. Half the value bytes on the wire, at
+        `wire_dtype`'s precision. Without a strategy the same casts are
+        made on this machine, so a model trains alike with and without one.
       **tfra_kwargs: passed to `tfra.dynamic_embedding.keras.layers.Embedding`
         (e.g. `init_capacity`, `restrict_policy`, `kv_creator`).
 
@@ -139,11 +147,17 @@ class DynamicEmbedding(_keras.layers.Layer):
         captures, `ClusterCoordinator._create_per_worker_resources`), kept in
         `tf_psx._tf.shadows`. Recovery of these buffers after a worker restart
         is TF's resource re-creation and is not tested here.
+      * `wire_dtype` narrows what tf_psx's exact update sends (the default
+        under `tf_psx.ParameterServerStrategy`). With `exact_updates=False`
+        TFRA's own apply runs on the worker and writes rows and slots back
+        as float32 (the gradient is still rounded to `wire_dtype`, so the
+        arithmetic is the same); under sync training the gradients reach
+        the ps accumulators as float32 and their mean is rounded once. The exported model reads float32.
     """
 
     def __init__(self, output_dim: int, key_dtype=tf.int64, initializer=None, name: str | None = None, *,
                  min_count: int = 1, max_age_steps: int | None = None, max_rows: int | None = None,
-                 spill_dir=None, **tfra_kwargs):
+                 spill_dir=None, wire_dtype=None, **tfra_kwargs):
         super().__init__(name=name)
         _checks.int_at_least(output_dim, 1, "output_dim", owner="DynamicEmbedding",
                              fix="pass the embedding width, e.g. DynamicEmbedding(16)")
@@ -158,6 +172,7 @@ class DynamicEmbedding(_keras.layers.Layer):
                 f"Argument `spill_dir` of DynamicEmbedding needs eviction (max_age_steps or max_rows). Received: "
                 f"spill_dir={spill_dir!r} with neither. Fix: pass max_rows=... or max_age_steps=..., or drop spill_dir."
             )
+        wire = as_wire_dtype(wire_dtype, type(self).__name__)
         key_dtype = tf.as_dtype(key_dtype)
         if key_dtype not in (tf.int64, tf.string):
             raise ArgumentError(
@@ -197,6 +212,8 @@ class DynamicEmbedding(_keras.layers.Layer):
             with_unique=True,
             **tfra_kwargs,
         )
+        self.wire_dtype = wire
+        _tfra.set_wire_dtype(self.table, wire)
         self.policy = None
         if min_count > 1 or max_age_steps is not None or max_rows is not None:
             from tf_psx import tables as _tables  # pylint: disable=import-outside-toplevel
@@ -208,7 +225,8 @@ class DynamicEmbedding(_keras.layers.Layer):
             # Tracked by the layer, so checkpoints and snapshots hold the counts and ages.
             self.meta_table = self.policy.meta
         self._config = {"min_count": int(min_count), "max_age_steps": max_age_steps, "max_rows": max_rows,
-                        "spill_dir": None if spill_dir is None else str(spill_dir)}
+                        "spill_dir": None if spill_dir is None else str(spill_dir),
+                        "wire_dtype": None if wire is None else wire.name}
 
     def attach_optimizer(self, optimizer) -> None:
         """Called by `Model.compile`: the optimizer whose `iterations` ages this table's rows."""
@@ -241,7 +259,10 @@ class DynamicEmbedding(_keras.layers.Layer):
     def _lookup_only(self, keys):
         flat = tf.reshape(keys, [-1])
         unique, position = tf.unique(flat)
-        values, exists = self.table.lookup(unique, return_exists=True)
+        if self.wire_dtype is None:
+            values, exists = self.table.lookup(unique, return_exists=True)
+        else:
+            values, exists = _tfra.wire_lookup(self.table, unique, self.wire_dtype, with_defaults=False)
         values = tf.where(tf.reshape(exists, [-1, 1]), values, tf.fill(tf.shape(values), UNSEEN_KEY_DEFAULT))
         out = tf.gather(values, position)
         return tf.reshape(out, tf.concat([tf.shape(keys), [self.output_dim]], axis=0))
