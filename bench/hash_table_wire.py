@@ -1,8 +1,11 @@
 """Bytes on the wire of a DynamicEmbedding step with `wire_dtype="bfloat16"` against float32, counted by a relay.
 
-Every byte between the worker (and the coordinator) and each of the 2 ps
-task processes crosses a `tf_psx.cluster.netproxy.DelayProxy` with no delay
-(bench/ps_latency.py's cluster), which counts them. The model is a hash
+Every byte to or from each of the 2 ps task processes and the worker
+crosses a `tf_psx.cluster.netproxy.DelayProxy` with no delay (bench/
+ps_latency.py's cluster, the worker relayed too), which counts them. TF
+moves a tensor by a pull: what the worker sends a ps task, the ps task
+fetches over its own connection to the worker, so a relay in front of the
+ps tasks alone sees only the rows coming back. The model is a hash
 table only: DynamicEmbedding (TFRA) of FIELDS keys per example, the rows
 averaged over the embedding width into a Dense(1) over the fields (so no
 dense variable grows with the width), SGD, batch BATCH, STEPS steps of the
@@ -55,7 +58,7 @@ def child(wire: str, dim: str) -> None:
 
     keys = _keys()
     labels = (keys[:, 0] % 3 == 0).astype(np.float32)
-    config, stop = _delayed_cluster(0.0)
+    config, stop = _delayed_cluster(0.0, relay_worker=True)
     try:
         os.environ["TF_CONFIG"] = config.to_json("chief", 0)
         strategy = tf_psx.ParameterServerStrategy()
@@ -106,8 +109,8 @@ def main() -> None:
     write_result(
         "hash_table_wire",
         f"DynamicEmbedding (TFRA, 2 ps, 1 worker, exact updates), {FIELDS} Zipf(1.1) keys per example, batch "
-        f"{BATCH} ({distinct:.0f} distinct keys per step), SGD, {STEPS} steps; every byte between the worker or "
-        f"the coordinator and a ps counted by a relay (DelayProxy, no delay); value bytes = the slope of the "
+        f"{BATCH} ({distinct:.0f} distinct keys per step), SGD, {STEPS} steps; every byte to or from a ps task or "
+        f"the worker counted by a relay (DelayProxy, no delay); value bytes = the slope of the "
         f"relayed bytes over the width ({low} -> {high}); each (wire dtype, width) a fresh process, "
         f"{ROUNDS} rotated rounds. The table stays float32.",
         rows,

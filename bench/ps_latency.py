@@ -36,29 +36,39 @@ NUM_PS = 2
 READY_TIMEOUT_S = 120
 
 
-def _delayed_cluster(delay_ms: float):
-    """Starts 2 ps and 1 worker behind delay proxies; returns (the coordinator's ClusterConfig, stop, the proxy)."""
+def _delayed_cluster(delay_ms: float, relay_worker: bool = False):
+    """Starts 2 ps and 1 worker behind delay proxies; returns (the coordinator's ClusterConfig, stop).
+
+    `relay_worker`: the worker is reached through the relay too. TF moves a
+    tensor by a pull (the receiving task asks the sending one), so a ps task
+    fetches what a worker sends it over its own connection to the worker;
+    with the worker relayed, both directions are counted.
+    """
     from tf_psx.cluster import supervisor as _supervisor  # pylint: disable=import-outside-toplevel
     from tf_psx.cluster import ClusterConfig  # pylint: disable=import-outside-toplevel
     from tf_psx.cluster.ports import free_ports  # pylint: disable=import-outside-toplevel
     from tf_psx.cluster import netproxy  # pylint: disable=import-outside-toplevel
 
-    ports = free_ports(2 * NUM_PS + 2)
+    ports = free_ports(2 * NUM_PS + 3)
     real_ps = [f"127.0.0.1:{port}" for port in ports[:NUM_PS]]
     seen_ps = [f"127.0.0.1:{port}" for port in ports[NUM_PS:2 * NUM_PS]]
-    worker, chief = f"127.0.0.1:{ports[-2]}", f"127.0.0.1:{ports[-1]}"
-    real = ClusterConfig(workers=[worker], ps=real_ps, chief=chief)
-    seen = ClusterConfig(workers=[worker], ps=seen_ps, chief=chief)
+    worker, chief = f"127.0.0.1:{ports[-3]}", f"127.0.0.1:{ports[-1]}"
+    seen_worker = f"127.0.0.1:{ports[-2]}" if relay_worker else worker
+    # Each task listens on its own port and reaches the others as the coordinator does (through the relay).
+    ps_view = ClusterConfig(workers=[seen_worker], ps=real_ps, chief=chief)
+    worker_view = ClusterConfig(workers=[worker], ps=seen_ps, chief=chief)
+    seen = ClusterConfig(workers=[seen_worker], ps=seen_ps, chief=chief)
+    routes = list(zip(seen_ps, real_ps)) + ([(seen_worker, worker)] if relay_worker else [])
     log_dir = tempfile.mkdtemp(prefix="tf_psx_bench_latency_")
     # The relay runs in a process of its own: its threads would otherwise wait for this process's GIL.
     proxy_log = os.path.join(log_dir, "proxy.log")
     with open(proxy_log, "wb") as log:
         proxy = subprocess.Popen(  # pylint: disable=consider-using-with
             [sys.executable, "-m", "tf_psx.netproxy", "--delay-ms", str(delay_ms),
-             *(f"{seen}={real_address}" for seen, real_address in zip(seen_ps, real_ps))],
+             *(f"{seen_address}={real_address}" for seen_address, real_address in routes)],
             stdout=log, stderr=subprocess.STDOUT)
     tasks = []
-    for task_type, config, count in (("ps", real, NUM_PS), ("worker", seen, 1)):
+    for task_type, config, count in (("ps", ps_view, NUM_PS), ("worker", worker_view, 1)):
         for index in range(count):
             env = _supervisor.server_env(os.environ, config.to_json(task_type, index))
             tasks.append(_supervisor.TaskProcess(task_type, index, [sys.executable, "-m", "tf_psx.server"], env,
