@@ -168,6 +168,9 @@ SUMMARY = {
     "wire_dtype_quality": (
         "Does bfloat16 on the wire change model quality?",
         "bfloat16 - float32, mean", ""),
+    "hash_table_wire": (
+        "Does `wire_dtype=\"bfloat16\"` halve the bytes a hash-table step moves?",
+        "value bytes on the wire", ""),
     "hash_table_quality": (
         "What does admission (min_count) or a row budget cost in AUC?",
         "min_count_2: AUC - none", ""),
