@@ -16,8 +16,9 @@ Value bytes: everything else on the wire (keys, the function calls, the
 head's weights, gRPC framing) does not depend on the embedding width, so
 the value bytes of a step are the slope of the relayed bytes over the width
 (widths DIMS), times the width. What crosses as values: the rows a lookup
-reads (ps -> worker), and the forward rows and the gradient that the exact
-update sends to the shard's ps task (worker -> ps). Target (issue 30): the
+reads (ps -> worker), and the gradient and the forward rows of the keys
+absent at the lookup that the exact update sends to the shard's ps task
+(worker -> ps); the share of keys new in their step is reported beside. Target (issue 30): the
 bfloat16 value bytes <= 0.55x of float32's.
 """
 
@@ -88,7 +89,14 @@ def main() -> None:
     from _common import interleaved, ratio_row, spread_text, write_result  # pylint: disable=import-outside-toplevel
 
     keys = _keys()
-    distinct = float(np.mean([len(np.unique(keys[s * BATCH:(s + 1) * BATCH])) for s in range(STEPS)]))
+    steps = [np.unique(keys[s * BATCH:(s + 1) * BATCH]) for s in range(STEPS)]
+    distinct = float(np.mean([len(step) for step in steps]))
+    # Keys first seen in their step: the exact update sends their forward rows too.
+    seen, new = set(), 0
+    for step in steps:
+        new += len(set(step.tolist()) - seen)
+        seen.update(step.tolist())
+    new_share = new / (distinct * STEPS)
     variants = [(wire, dim) for wire in WIRES for dim in DIMS]
     runs = interleaved(__file__, variants, rounds=ROUNDS)
     low, high = DIMS
@@ -105,6 +113,7 @@ def main() -> None:
         for dim in DIMS:
             rows.append({"metric": f"{wire} dim {dim}: relayed bytes per step (all)",
                          "value": spread_text([r["relayed_bytes"] / STEPS for r in runs[(wire, dim)]]), "unit": "B"})
+    rows.append({"metric": "keys new in their step (share of the distinct keys)", "value": round(new_share, 4)})
     assert all(r["table_dtype"] == "float32" for variant in variants for r in runs[variant])
     write_result(
         "hash_table_wire",
@@ -114,7 +123,8 @@ def main() -> None:
         f"relayed bytes over the width ({low} -> {high}); each (wire dtype, width) a fresh process, "
         f"{ROUNDS} rotated rounds. The table stays float32.",
         rows,
-        extra={"runs": {f"{wire} {dim}": runs[(wire, dim)] for wire, dim in variants}, "distinct_keys": distinct},
+        extra={"runs": {f"{wire} {dim}": runs[(wire, dim)] for wire, dim in variants}, "distinct_keys": distinct,
+               "new_key_share": new_share},
     )
 
 

@@ -108,15 +108,16 @@ SUMMARY = {
     "fused_embeddings": (
         "Is one fused table for 26 features faster than 26 stock Embedding layers?",
         "(judged): fused / stock examples/s",
-        "Run of 2026-12-06 01:47 (the 6 core variants in one process per round, windows interleaved; 3 rounds), "
-        "after an apply with no step token makes its dense updates one unit per ps task: stock is faster at "
-        "steps_per_execution=10 in every round (1.09x, 1.03-1.10), so the targets are judged there. Whole model "
-        "1.5 (1.45-1.51) straddles 1.5 (at 1: 1.42, 1.33-1.44); the embedding stage is 2.12x (2.07-2.15, target "
-        "2.5) and its CPU above the floor 0.18x of stock's (0.175-0.217, target 0.15). The fused stage's step "
-        "(11.0 ms) is 7.8 ms of floor (the step with no embedding: the closure, the input, the head's update) "
-        "and 3.2 ms of embedding; the stage ratio is capped near (floor + stock's 15.9 ms) / floor = 3x even "
-        "with a free lookup. The floor's CPU is mostly the worker's (7.4 of 12 ms per step: its input pipeline "
-        "and the step function; the 2 ps tasks 3.7). Taking more of the floor off is what would change it."),
+        "Run of 2026-12-06 18:11 (the 6 core variants in one process per round, windows interleaved; 3 rounds), "
+        "with a step token on every step at steps_per_execution=10 (exact under worker failures): stock is faster "
+        "at 10 than at 1 in every round (1.04x, 1.02-1.15), so the targets are judged there. Whole model 1.48 "
+        "(1.44-1.50), missed, where the run of 01:47 (before the tokens at 10) straddled 1.5 (1.45-1.51); at 1: "
+        "1.40 (1.38-1.45). The embedding stage 2.14x (2.08-2.20, target 2.5) and its CPU above the floor 0.19x "
+        "of stock's (0.181-0.201, target 0.15). The fused stage's step (11.9 ms) is 8.6 ms of floor (the step "
+        "with no embedding: the closure, the input, the head's update) and 3.3 ms of embedding; the stage ratio "
+        "is capped near (floor + stock's 16.9 ms) / floor = 3x even with a free lookup. The floor's CPU is "
+        "mostly the worker's (8.0 of 13.0 ms per step: its input pipeline and the step function; the 2 ps tasks "
+        "4.1). Taking more of the floor off is what would change it."),
     "dynamic_vs_static": (
         "Does a hash-table embedding (TFRA DynamicEmbedding) train as fast as a fixed sharded table?",
         "1 worker(s): DynamicEmbedding / ShardedEmbedding",

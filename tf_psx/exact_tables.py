@@ -11,13 +11,15 @@ Adam's moments) and new keys still race.
 
 Here each shard of a table is updated as one unit on the ps task that owns
 it, under that shard's lock (the lock protocol of tf_psx.exact_updates):
-the worker splits the step's ids, forward rows and gradient by the table's
-partition function and sends each shard its part once; on the ps, under the
-lock, the shard's rows and slots are read afresh, the optimizer's own
-update runs on ps-resident buffers (tf_psx._tf.shadows.buffers_on), and
-rows and slots are written back. Keys that are still absent keep the value
-the forward pass used (TFRA draws a fresh random row per lookup of an
-absent key). Adam-family bias correction uses a per-shard step counter,
+the worker splits the step's ids and gradient by the table's partition
+function and sends each shard its part once, with the forward rows of the
+keys that were absent at the lookup (TFRA draws a fresh random row per
+lookup of an absent key; the lookup records which keys existed,
+tf_psx._tf.tfra.install_prefetch); on the ps, under the lock, the shard's
+rows and slots are read afresh, the optimizer's own update runs on
+ps-resident buffers (tf_psx._tf.shadows.buffers_on), and rows and slots are
+written back. Keys that are still absent keep the value the forward pass
+used. Adam-family bias correction uses a per-shard step counter,
 which counts the steps applied to the shard, as for ordinary variables.
 
 A step the coordinator runs again after a worker failure carries the same
@@ -222,8 +224,8 @@ def shard_steps(optimizer, params) -> list[int] | None:
     return [int(counters[index].numpy()) for index in sorted(counters)]
 
 
-def _split(params, ids, rows, gradient):
-    """The step's ids, forward rows and gradient split by shard: a list of (ids, rows, gradient) per shard.
+def _split(params, ids, rows, absent, gradient):
+    """The step's ids, forward rows, absent marks and gradient split by shard: (ids, rows, absent, gradient) per shard.
 
     An IndexedSlices gradient indexes the shadow's rows; each shard's part
     indexes that shard's rows.
@@ -231,11 +233,12 @@ def _split(params, ids, rows, gradient):
     count = len(params.devices)
     ids = tf.reshape(ids, [-1])
     if count == 1:
-        return [(ids, rows, gradient)]
+        return [(ids, rows, absent, gradient)]
     shard_of = params.partition_fn(ids, count)
     positions = tf.dynamic_partition(tf.range(tf.size(ids)), shard_of, count)
     parts_ids = tf.dynamic_partition(ids, shard_of, count)
     parts_rows = tf.dynamic_partition(rows, shard_of, count)
+    parts_absent = tf.dynamic_partition(absent, shard_of, count)
     if isinstance(gradient, tf.IndexedSlices):
         # Each shadow row's index within its shard.
         local = tf.dynamic_stitch(positions, [tf.range(tf.size(part)) for part in positions])
@@ -248,7 +251,7 @@ def _split(params, ids, rows, gradient):
                  for value, index, part in zip(values, indices, parts_ids)]
     else:
         grads = tf.dynamic_partition(gradient, shard_of, count)
-    return list(zip(parts_ids, parts_rows, grads))
+    return list(zip(parts_ids, parts_rows, parts_absent, grads))
 
 
 class _ShardJournal:
@@ -306,24 +309,32 @@ class _ShardJournal:
 def _sharded_update(original, optimizer, gradient, shadow, slots):
     """Each shard's update as one unit on its ps task, under its lock (module docstring)."""
     params = shadow.params
+    wire = _tfra.wire_dtype_of(params)
     # Read from the worker's buffers before the locks; each shard gets its part once.
-    parts = _split(params, shadow.ids.read_value(), shadow.read_value(do_prefetch=False), gradient)
+    absent = tf.logical_not(_tfra.forward_exists(shadow))
+    parts = _split(params, shadow.ids.read_value(), shadow.read_value(do_prefetch=False), absent, gradient)
     step_token = _step_once.current()
     done = []
-    for index, (ids, rows, grad) in enumerate(parts):
+    for index, (ids, rows, absent, grad) in enumerate(parts):
         device = params.devices[index]
         (lock, step), key = _shard_state(optimizer, params, index)
-        ids = _exact.on_device(ids, device)
-        rows, grad = (_send(value, device, _tfra.wire_dtype_of(params)) for value in (rows, grad))
+        ids, absent = _exact.on_device(ids, device), _exact.on_device(absent, device)
+        # The forward rows of the keys absent at the lookup only: a key that existed is read afresh there.
+        rows = _send(tf.boolean_mask(rows, absent), device, wire)
+        grad = _send(grad, device, wire)
         # With a step token, a journal to undo an attempt cut off midway (None: no token, no re-run to tell).
         journal = _ShardJournal(params, slots, index, device) if step_token is not None else None
 
-        def update(index=index, device=device, step=step, ids=ids, rows=rows, grad=grad, journal=journal):
+        def update(index=index, device=device, step=step, ids=ids, rows=rows, absent=absent, grad=grad,
+                   journal=journal):
             with _shadows.buffers_on(device, [shadow, *slots], tag=f"/{index}"), tf.device(device):
                 looked_up = [_tfra.shard_lookup(params, index, ids, with_defaults=False)]
                 looked_up += [_tfra.shard_lookup(slot.params, index, ids) for slot in slots]
                 fresh, exists = looked_up[0]
-                loads = [_shadows.write_buffer(shadow, tf.where(tf.reshape(exists, [-1, 1]), fresh, rows))]
+                # A key absent now keeps the row its forward pass read (a key that existed then but was
+                # removed since, by a roll-back, starts from zeros).
+                forward = tf.scatter_nd(tf.where(absent), rows, tf.shape(fresh, out_type=tf.int64))
+                loads = [_shadows.write_buffer(shadow, tf.where(tf.reshape(exists, [-1, 1]), fresh, forward))]
                 for slot, (value, found) in zip(slots, looked_up[1:]):
                     loads.append(_shadows.write_buffer(slot, _fresh_slot_rows(optimizer, slot, value, found)))
                 with tf.control_dependencies(loads):
@@ -346,7 +357,7 @@ def _sharded_update(original, optimizer, gradient, shadow, slots):
                                    roll_back=roll_back if journal is not None else None)
 
         # The lock waits for the shard's ids, rows and gradient on its ps task.
-        done.append(_exact.execute_unordered(lock, once, step, ready=[ids, rows, *_exact.tensors_of(grad)]))
+        done.append(_exact.execute_unordered(lock, once, step, ready=[ids, rows, absent, *_exact.tensors_of(grad)]))
     return tf.group(done)
 
 

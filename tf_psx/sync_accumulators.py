@@ -134,7 +134,10 @@ class TableAccumulator:
         rows = tf.shape(keys)[0]
         shadow = self.variable
         # The optimizer's apply reads the step's keys and rows from the shadow.
-        loads = [_shadows.write_buffer(shadow.ids, keys), _shadows.write_buffer(shadow, shadow.params.lookup(keys))]
+        values, exists = shadow.params.lookup(keys, return_exists=True)
+        # As a training lookup does: the exact update sends the rows of absent keys (tf_psx.exact_tables).
+        loads = [_shadows.write_buffer(shadow.ids, keys), _shadows.write_buffer(shadow, values),
+                 _shadows.write_buffer(shadow.exists, exists)]
         gradient = tf.IndexedSlices(summed / tf.cast(count, summed.dtype), tf.range(rows),
                                     tf.stack([rows, shadow.params.dim]))
         return gradient, loads

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 
 from tf_psx._tf.runtime import is_parameter_server_strategy
-from tf_psx._tf.tfra import tfra
+from tf_psx._tf.tfra import install_prefetch, tfra
 
 _PER_WORKER_SHADOWS_INSTALLED = False
 
@@ -164,6 +164,8 @@ def install_per_worker_shadows() -> None:
 
         __init__.__wrapped__ = original_init
         klass.__init__ = __init__
+    # A lookup also records which keys existed: the exact update sends the forward rows of absent keys only.
+    install_prefetch()
     _PER_WORKER_SHADOWS_INSTALLED = True
 
 

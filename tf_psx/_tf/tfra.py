@@ -167,7 +167,7 @@ def set_wire_dtype(params, dtype) -> None:
     """Makes the lookups of `params` (and tf_psx's updates of it) move values as `dtype` (None: its own)."""
     setattr(params, WIRE_DTYPE_ATTR, dtype)
     if dtype is not None:
-        _install_wire_prefetch()
+        install_prefetch()
 
 
 def wire_dtype_of(params):
@@ -205,16 +205,20 @@ def wire_lookup(params, keys, wire_dtype, with_defaults: bool = True):
     return tf.dynamic_stitch(positions, values), tf.dynamic_stitch(positions, exists)
 
 
-_WIRE_PREFETCH_INSTALLED = False
+_PREFETCH_INSTALLED = False
 
 
-def _install_wire_prefetch() -> None:
-    """Makes TFRA 0.8.1's `ShadowVariable.prefetch_values` (a training lookup) use `wire_lookup` for tables with a wire dtype.
+def install_prefetch() -> None:
+    """Patches TFRA 0.8.1's `ShadowVariable.prefetch_values` (a training lookup) once.
 
-    Tables without one keep TFRA's own lookup.
+    The lookup also writes whether each key existed into the shadow's
+    `exists` buffer (TFRA's own does so only with bp_v2): tf_psx's exact
+    update then sends a shard the forward rows of the keys that were absent
+    only (tf_psx.exact_tables). A table with a wire dtype is looked up by
+    `wire_lookup`.
     """
-    global _WIRE_PREFETCH_INSTALLED  # pylint: disable=global-statement
-    if _WIRE_PREFETCH_INSTALLED:
+    global _PREFETCH_INSTALLED  # pylint: disable=global-statement
+    if _PREFETCH_INSTALLED:
         return
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -228,18 +232,25 @@ def _install_wire_prefetch() -> None:
 
     def prefetch_values(self, update=False):
         wire = wire_dtype_of(self.params)
-        if wire is None:
-            return original(self, update)
         with tf.device(self._handle.device):  # pylint: disable=protected-access
-            values, exists = wire_lookup(self.params, self.ids, wire)
-            if self.params.bp_v2:
-                self.exists.assign(exists)
+            if wire is None:
+                values, exists = self.params.lookup(self.ids, return_exists=True)
+            else:
+                values, exists = wire_lookup(self.params, self.ids, wire)
+            self.exists.assign(exists)
             self.prefetch_values_op = self.transform(values)
         return self.prefetch_values_op
 
     prefetch_values.__wrapped__ = original
     klass.prefetch_values = prefetch_values
-    _WIRE_PREFETCH_INSTALLED = True
+    _PREFETCH_INSTALLED = True
+
+
+def forward_exists(shadow):
+    """Whether each key of the shadow's last training lookup existed then (bool [keys]); `install_prefetch` writes it."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    return tf.reshape(shadow.exists.read_value(), [-1])
 
 
 def shard_lookup(params, index: int, keys, with_defaults: bool = True):

@@ -102,7 +102,7 @@ class DynamicEmbedding(_keras.layers.Layer):
         next `TableEviction` run; until then it reads the default row).
       wire_dtype: None, "bfloat16" or "float16": the rows a lookup reads are
         cast to it on the ps task that holds them, and the gradients (and
-        the forward rows an exact update sends back) are cast to it before
+        the forward rows of new keys that an exact update sends back) are cast to it before
         they leave the worker; the table and the optimizer's slots stay
         float32 on the ps tasks. Half the value bytes on the wire, at
         `wire_dtype`'s precision. Without a strategy the same casts are
