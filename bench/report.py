@@ -121,6 +121,9 @@ SUMMARY = {
     "dynamic_vs_static": (
         "Does a hash-table embedding (TFRA DynamicEmbedding) train as fast as a fixed sharded table?",
         "1 worker(s): DynamicEmbedding / ShardedEmbedding",
+        "Run of 2026-12-06 18:42 (1 worker, 3 rounds), after the exact update stopped sending the forward rows of "
+        "keys that existed at the lookup (a third of its value bytes; bench hash_table_wire): 1.91 (1.78-2.18), "
+        "no change beyond the spread: on loopback those bytes were not what the step waits for. "
         "Run of 2026-12-06 07:32, paired (ShardedEmbedding, DynamicEmbedding and DynamicEmbedding with one table "
         "lock in one process per worker count, windows interleaved; 5 rounds): 1.89 (1.75-2.1) with 1 worker, "
         "1.83 (1.56-1.96) with 2, with each shard's update made on the ps task that owns it under its own lock "
@@ -171,7 +174,11 @@ SUMMARY = {
         "bfloat16 - float32, mean", ""),
     "hash_table_wire": (
         "Does `wire_dtype=\"bfloat16\"` halve the bytes a hash-table step moves?",
-        "value bytes on the wire", ""),
+        "value bytes on the wire",
+        "Run of 2026-12-06 18:37 (2 rounds): 0.501 (met). float32 moves 9.73 B per distinct key and width unit: "
+        "the rows read (4), the gradient (4) and the forward rows of the 43% of keys new in their step. The run "
+        "of 17:40, before the exact update stopped sending the forward rows of keys that existed, measured 12 B "
+        "(rows read, forward rows, gradient) and 6.01 B with bfloat16, ratio 0.501 as well."),
     "hash_table_quality": (
         "What does admission (min_count) or a row budget cost in AUC?",
         "min_count_2: AUC - none", ""),
