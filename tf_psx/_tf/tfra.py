@@ -175,7 +175,7 @@ def wire_dtype_of(params):
     return getattr(params, WIRE_DTYPE_ATTR, None)
 
 
-def wire_lookup(params, keys, wire_dtype, with_defaults: bool = True):
+def _wire_lookup(params, keys, wire_dtype, with_defaults: bool = True):
     """(values, exists) of the 1-D `keys` in the TFRA variable `params`, each shard's values narrowed where it lives.
 
     As TFRA 0.8.1's `Variable.lookup(keys, return_exists=True)` (its
@@ -205,6 +205,18 @@ def wire_lookup(params, keys, wire_dtype, with_defaults: bool = True):
     return tf.dynamic_stitch(positions, values), tf.dynamic_stitch(positions, exists)
 
 
+def lookup(params, keys, with_defaults: bool = True):
+    """(values, exists) of the 1-D `keys` in the TFRA variable `params`, through its wire dtype when it has one.
+
+    `with_defaults=False` lets a table with a wire dtype skip the
+    initializer's rows for absent keys (for a caller that replaces them).
+    """
+    wire = wire_dtype_of(params)
+    if wire is None:
+        return params.lookup(keys, return_exists=True)
+    return _wire_lookup(params, keys, wire, with_defaults=with_defaults)
+
+
 _PREFETCH_INSTALLED = False
 
 
@@ -214,8 +226,8 @@ def install_prefetch() -> None:
     The lookup also writes whether each key existed into the shadow's
     `exists` buffer (TFRA's own does so only with bp_v2): tf_psx's exact
     update then sends a shard the forward rows of the keys that were absent
-    only (tf_psx.exact_tables). A table with a wire dtype is looked up by
-    `wire_lookup`.
+    only (tf_psx.exact_tables). A table with a wire dtype is looked up
+    through it (`lookup`).
     """
     global _PREFETCH_INSTALLED  # pylint: disable=global-statement
     if _PREFETCH_INSTALLED:
@@ -231,12 +243,8 @@ def install_prefetch() -> None:
     original = klass.prefetch_values
 
     def prefetch_values(self, update=False):
-        wire = wire_dtype_of(self.params)
         with tf.device(self._handle.device):  # pylint: disable=protected-access
-            if wire is None:
-                values, exists = self.params.lookup(self.ids, return_exists=True)
-            else:
-                values, exists = wire_lookup(self.params, self.ids, wire)
+            values, exists = lookup(self.params, self.ids)
             self.exists.assign(exists)
             self.prefetch_values_op = self.transform(values)
         return self.prefetch_values_op

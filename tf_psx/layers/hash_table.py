@@ -259,10 +259,7 @@ class DynamicEmbedding(_keras.layers.Layer):
     def _lookup_only(self, keys):
         flat = tf.reshape(keys, [-1])
         unique, position = tf.unique(flat)
-        if self.wire_dtype is None:
-            values, exists = self.table.lookup(unique, return_exists=True)
-        else:
-            values, exists = _tfra.wire_lookup(self.table, unique, self.wire_dtype, with_defaults=False)
+        values, exists = _tfra.lookup(self.table, unique, with_defaults=False)
         values = tf.where(tf.reshape(exists, [-1, 1]), values, tf.fill(tf.shape(values), UNSEEN_KEY_DEFAULT))
         out = tf.gather(values, position)
         return tf.reshape(out, tf.concat([tf.shape(keys), [self.output_dim]], axis=0))
