@@ -74,6 +74,7 @@ def undisturbed(tmp_path_factory):
     return _result(run)
 
 
+@pytest.mark.slow  # over a minute of kills or scaling on 2 cores: the slow tier
 def test_three_worker_kills_lose_no_step(tmp_path):
     rng = random.Random(SEED)
     epochs, steps = 3, 60
@@ -325,6 +326,7 @@ def _wait_for_file(path, run: LaunchRun, timeout: float = 240) -> None:
     assert path.exists(), f"no {path} after {timeout} s:\n" + run.output[-3000:]
 
 
+@pytest.mark.slow  # over a minute of kills or scaling on 2 cores: the slow tier
 def test_scaling_a_fit_two_to_four_to_one_trains_every_record_once(tmp_path):
     """After each rescale the resumed fit feeds the batches not yet trained to the workers there are now."""
     snapshots = tmp_path / "snapshots"

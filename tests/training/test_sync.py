@@ -31,6 +31,8 @@ EQUIVALENCE_TOLERANCE = 1e-5
 # --- equivalence with one worker of the global batch ---------------------------
 
 
+# Over two minutes on 2 cores (every layout and optimizer of the script): the slow tier.
+@pytest.mark.slow
 def test_sync_step_equals_one_step_of_the_concatenated_batches():
     # 61 batches on 2 workers: 30 steps of 2 and a flushed tail of 1. Both layers with
     # LazyAdam here; both layers with Adagrad in the schedule test below.
