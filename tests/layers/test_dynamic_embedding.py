@@ -144,7 +144,13 @@ def _bfloat16(value):
 
 
 @pytest.mark.cluster
-def test_wire_dtype_rounds_rows_and_gradients_alike_with_and_without_a_strategy(ps_strategy):
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_wire_dtype_rounds_rows_and_gradients_alike_with_and_without_a_strategy(ps_strategy, local_cluster, sync):
+    # sync: the step's gradients reach the ps accumulators in float32, and
+    # their mean (here one worker's, so the same sum per key) is rounded once
+    # on its way to the shard: the closed form is the same.
+    if sync:
+        ps_strategy = tf_psx.ParameterServerStrategy(local_cluster, partitioner="fixed:2", sync=True)
     vocab, index, labels = _keys_and_labels()
     keys = vocab[index]
     per_step = np.stack([np.bincount(index[step * BATCH:(step + 1) * BATCH].ravel(), minlength=len(vocab))
@@ -158,6 +164,8 @@ def test_wire_dtype_rounds_rows_and_gradients_alike_with_and_without_a_strategy(
     with ps_strategy.scope():
         model, layer = _linear_wire_model("bfloat16")
     model.fit(tf.keras.utils.experimental.DatasetCreator(dataset), epochs=1, steps_per_epoch=STEPS, verbose=0)
+    if sync:
+        assert ps_strategy.sync_stats()["applied_steps"] == STEPS
 
     # A new key's row is the initializer's, read through the wire (rounded),
     # then each step subtracts LR x its rounded gradient; float32 on the ps.
