@@ -49,25 +49,32 @@ TARGET, FIT_TARGET = 0.2, 1.05
 CORES = os.cpu_count() or 2
 
 
-def child(mode: str) -> None:
-    if mode.startswith("paired:"):
-        _, steps, pairs = mode.split(":")
-        paired_child(int(steps), int(pairs))
-        return
+def _traced_model():
+    """(model, data, cluster): the benchmark's model, its first steps traced, its data, and its in-process cluster."""
     import numpy as np  # pylint: disable=import-outside-toplevel
 
-    import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from _common import sharded_table_model  # pylint: disable=import-outside-toplevel
 
-    model, _cluster = sharded_table_model(ROWS, DIM, IDS)
+    model, cluster = sharded_table_model(ROWS, DIM, IDS)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, ROWS, size=(BATCH * 16, IDS))
     labels = rng.random(BATCH * 16).astype(np.float32)
     data = tf.keras.utils.experimental.DatasetCreator(
         lambda _: tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH))
     model.fit(data, epochs=1, steps_per_epoch=5, verbose=0)  # trace
+    return model, data, cluster
+
+
+def child(mode: str) -> None:
+    if mode.startswith("paired:"):
+        _, steps, pairs = mode.split(":")
+        paired_child(int(steps), int(pairs))
+        return
+    import tf_psx  # pylint: disable=import-outside-toplevel
+
+    model, data, _cluster = _traced_model()
     snapshot_cpu = _count_snapshot_cpu()
     with tempfile.TemporaryDirectory() as directory:
         callbacks = [] if mode == "none" else [
@@ -103,20 +110,10 @@ def paired_child(steps: int, pairs: int) -> None:
     snapshot's (it also makes the copies) are left out. Prints the seconds and
     process CPU seconds of each kind of segment.
     """
-    import numpy as np  # pylint: disable=import-outside-toplevel
-
     import tf_psx  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from _common import sharded_table_model  # pylint: disable=import-outside-toplevel
-
-    model, _cluster = sharded_table_model(ROWS, DIM, IDS)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, ROWS, size=(BATCH * 16, IDS))
-    labels = rng.random(BATCH * 16).astype(np.float32)
-    data = tf.keras.utils.experimental.DatasetCreator(
-        lambda _: tf.data.Dataset.from_tensor_slices((ids, labels)).repeat().batch(BATCH))
-    model.fit(data, epochs=1, steps_per_epoch=5, verbose=0)  # trace
+    model, data, _cluster = _traced_model()
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(model.distribute_strategy)
     marks: list = []
 
