@@ -26,8 +26,8 @@ demo: install
 PYTEST_PARALLEL := -n 2 --dist loadfile --durations=15
 
 # The slow tier (worker kills in the middle of steps: a few minutes per trial,
-# and the few other tests of over a minute) is left out to keep `make test` under 30 minutes; `make test-slow` runs it,
-# and CI (.ci/run) runs both.
+# and the few other tests of over a minute) is left out to keep `make test`
+# under 30 minutes; `make test-slow` runs it, and CI (.ci/run) runs both.
 test: install
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not slow"
 
