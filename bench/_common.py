@@ -338,7 +338,7 @@ def kernel_ms(run, steps: int, update_scope: str) -> dict:
     import tempfile  # pylint: disable=import-outside-toplevel
 
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tensorflow.core.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
+    from tf_psx._tf.versions import xplane_pb2  # pylint: disable=import-outside-toplevel  (moved in TF 2.18)
 
     with tempfile.TemporaryDirectory() as logdir:
         tf.profiler.experimental.start(logdir)
@@ -346,7 +346,7 @@ def kernel_ms(run, steps: int, update_scope: str) -> dict:
             run(steps)
         finally:
             tf.profiler.experimental.stop()
-        space = xplane_pb2.XSpace()
+        space = xplane_pb2().XSpace()
         with open(sorted(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True))[-1], "rb") as file:
             space.ParseFromString(file.read())
     return kernel_totals(space, steps, update_scope)

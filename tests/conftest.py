@@ -182,15 +182,44 @@ def pytest_make_collect_report(collector):
     report = yield
     if report.passed and isinstance(collector, (pytest.Module, pytest.Class)):
         items = [item for item in report.result if isinstance(item, pytest.Function)]
-        problems = [problem for problem in map(_tier_problem, items) if problem]
+        problems = [problem for item in items for problem in (_tier_problem(item), _stack_problem(item)) if problem]
         if problems:
             report.outcome = "failed"
             report.longrepr = 'test tiers (STYLE.md, "A test"):\n  ' + "\n  ".join(problems)
     return report
 
 
+# The stack marks: a test that needs TFRA runs on the TFRA stack only, one that needs it absent on the newest.
+STACK_MARKS = ("tfra", "no_tfra")
+
+
+def _tfra_installed() -> bool:
+    import importlib.util  # pylint: disable=import-outside-toplevel
+
+    return importlib.util.find_spec("tensorflow_recommenders_addons") is not None
+
+
+def _stack_problem(item) -> str | None:
+    """A test marked so that it would skip on both stacks, or None."""
+    marks = {mark.name for mark in item.iter_markers() if mark.name in STACK_MARKS}
+    if len(marks) > 1:
+        return (f"{item.name}: marked both `tfra` and `no_tfra`, so it would skip on both stacks "
+                f"(README, \"Install\"); keep the one it needs")
+    return None
+
+
+def _skip_for_stack(item) -> None:
+    """Skips a test of the other stack, with the reason."""
+    installed = _tfra_installed()
+    if item.get_closest_marker("tfra") is not None and not installed:
+        item.add_marker(pytest.mark.skip(reason="needs tensorflow-recommenders-addons: the TFRA stack "
+                                                "(make test-tfra) runs it"))
+    if item.get_closest_marker("no_tfra") is not None and installed:
+        item.add_marker(pytest.mark.skip(reason="needs TFRA absent: the newest stack (make test) runs it"))
+
+
 def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
-    """Gives each test exactly the one tier it declares.
+    """Gives each test exactly the one tier it declares, and skips the tests of the other stack.
 
     A test's tier is its closest tier mark; the farther ones (its file's) are
     dropped, so that `-m unit` sees only the test's own. Doctests have no
@@ -210,6 +239,7 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
             node.own_markers[:] = [m for m in node.own_markers if m.name not in TIERS]
         if tier is not None:
             item.add_marker(tier)
+        _skip_for_stack(item)
 
 
 # The Criteo files of the tests are generated (tf_psx.data.write_criteo_sample),

@@ -94,10 +94,10 @@ def test_paired_variants_alternate_windows_in_one_process_and_keep_each_ones_fas
 
 
 def test_kernel_time_is_summed_by_op_type_on_the_update_side_and_the_rest():
-    from tensorflow.core.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
+    from tf_psx._tf.versions import xplane_pb2  # pylint: disable=import-outside-toplevel  (moved in TF 2.18)
 
     common = _common()
-    space = xplane_pb2.XSpace()
+    space = xplane_pb2().XSpace()
     plane = space.planes.add(name="/host:CPU")
     events = {1: "Adam/critical_section_execute/find:TFRA>CuckooHashTableFindWithExists",
               2: "Adam/Unique:Unique", 3: "model/embedding/find:TFRA>CuckooHashTableFindWithExists",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from tf_psx import _quiet
 
 _quiet.quiet_cpp_logs()  # before TF loads: its C++ INFO lines (gRPC option dumps) off
+_quiet.quiet_tensorflow_import()  # TF 2.21's native lines at import, which no log level reaches
 import importlib
 import logging as _logging
 

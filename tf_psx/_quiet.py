@@ -20,9 +20,15 @@ patterns below match whole known messages only.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
+import importlib.abc
+import importlib.util
 import logging
 import os
 import re
+import sys
+import tempfile
 
 VERBOSE_ENV = "TF_PSX_VERBOSE"
 CPP_LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
@@ -43,6 +49,13 @@ NOISE = re.compile("|".join([
     r"Colocations handled automatically by placer",
     r"An exception occurred when import horovod",             # TFRA at import
     r"dynamic_embedding\.GraphKeys has already been deprecated",  # TFRA
+    # TF 2.21 logs through absl; its C++ lines at import come before absl::InitializeLog, so no log level
+    # applies to them (they print with TF_CPP_MIN_LOG_LEVEL=3): dropped by `native_stderr_filtered`.
+    r"All log messages before absl::InitializeLog\(\) is called are written to STDERR",
+    r"cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine",
+    r"failed call to cuInit: .*(UNKNOWN ERROR \(303\)|CUDA_ERROR_NO_DEVICE)",
+    r"cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized",
+    r"grpc_server_lib\.cc:\d+\] Started server with target: grpc://",  # INFO, each in-process server
 ]))
 
 
@@ -76,6 +89,94 @@ class LineFilter:
                 self._in_traceback = False  # the exception line closes it
             return True
         return not is_noise(line)
+
+
+@contextlib.contextmanager
+def native_stderr_filtered():
+    """Native lines written to file descriptor 2 inside the block are kept back, then echoed without the noise.
+
+    TF's C++ writes straight to the descriptor (no Python logger sees it),
+    and on TF 2.21 its lines at import precede absl's log setup, so no log
+    level silences them. The lines go to a temporary file and are echoed when
+    the block ends, in order, every line that is not known noise (an error
+    inside the block: every line). A fatal signal inside the block still
+    prints its Python stack: faulthandler writes to a copy of the real
+    descriptor meanwhile. A no-op with $TF_PSX_VERBOSE, or where descriptor 2
+    cannot be duplicated.
+    """
+    if verbose():
+        yield
+        return
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    failed = True
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        faulthandler_was_on = faulthandler.is_enabled()
+        saved_file = os.fdopen(os.dup(saved), "w")
+        try:
+            if faulthandler_was_on:
+                faulthandler.enable(file=saved_file)
+            os.dup2(held.fileno(), 2)
+            yield
+            failed = False
+        finally:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+            if faulthandler_was_on:
+                faulthandler.enable()
+            saved_file.close()
+            held.seek(0)
+            text = held.read().decode("utf-8", "replace")
+            kept = text.splitlines(keepends=True) if failed else [
+                line for line in text.splitlines(keepends=True) if not is_noise(line)]
+            if kept:
+                os.write(2, "".join(kept).encode("utf-8"))
+
+
+class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
+    """Runs the first `import tensorflow` inside `native_stderr_filtered` (one use, then it removes itself)."""
+
+    def find_spec(self, fullname, path=None, target=None):  # pylint: disable=unused-argument
+        if fullname != "tensorflow":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _FilteredLoader(spec.loader)
+        return spec
+
+
+class _FilteredLoader(importlib.abc.Loader):
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        with native_stderr_filtered():
+            self._loader.exec_module(module)
+
+    def __getattr__(self, name):  # is_package, get_code, get_source, ... as the real loader has them
+        return getattr(self._loader, name)
+
+
+def quiet_tensorflow_import() -> None:
+    """The import of TensorFlow that follows (if any) prints no known noise; only before TF is imported."""
+    if verbose() or "tensorflow" in sys.modules:
+        return
+    if not any(isinstance(finder, _QuietTensorFlowImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _QuietTensorFlowImport())
 
 
 def quiet_cpp_logs() -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "MetricsPortError",
     "TFRAOptimizerError",
     "SnapshotDirectoryError",
+    "TFRAMissingError",
 ]
 
 
@@ -101,6 +102,10 @@ class DynamicEmbeddingSaveError(TFPSXError, ValueError):
 
 class TFRAOptimizerError(TFPSXError, TypeError):
     """A model with TFRA layers compiled with an optimizer tf_psx cannot make exact; names the fix."""
+
+
+class TFRAMissingError(TFPSXError, ImportError):
+    """A TFRA layer or optimizer was used where tensorflow-recommenders-addons is not installed; names the extra."""
 
 
 class SnapshotDirectoryError(TFPSXError, ValueError):

@@ -23,7 +23,7 @@ from tf_psx import exact_tables as _exact_tables, partitioners as _partitioners,
 from tf_psx import sync_training as _sync_training
 from tf_psx._tf import fit_inputs as _fit_inputs, keras as _tf_keras, runtime as _runtime
 from tf_psx._tf import distributed_table as _distributed_table, tfra as _tfra
-from tf_psx._tf import weights as _weights_hook
+from tf_psx._tf import loss_reduction as _loss_reduction, weights as _weights_hook
 from tf_psx.cluster import ClusterConfig
 from tf_psx.errors import ArgumentError, ArgumentTypeError, ClusterUnreachableError, Keras3Error, LocalResourcesError, TFConfigError
 from tf_psx.cluster.config import ClusterSource
@@ -316,6 +316,8 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         _install_tfra_shadows_if_imported()
         # Lookup layers in exact evaluation's loop (tf_psx._tf.distributed_table).
         _distributed_table.install()
+        # A loss object of default reduction in a model's own train_step: each worker's step is one replica.
+        _loss_reduction.install(lambda strategy: isinstance(strategy, ParameterServerStrategy))
         self.sync_controller = None
         if sync is not False:
             _sync_training.install()

@@ -3,7 +3,7 @@
 Nothing else in tf_psx imports `tensorflow.python` or touches a private
 attribute of a TF, tf-keras or TFRA object (tests/test_architecture.py greps
 for it). One small module per patched thing, each naming the versions it was
-read from (TF 2.16.2, tf-keras 2.16, TFRA 0.8.1); tests/test_tf_hooks.py
+read from (TF 2.16.2 and 2.21, tf-keras 2.16 and 2.21, TFRA 0.8.1); tests/test_tf_hooks.py
 fails loudly when an upgrade moves one of them.
 
 | module | what it reaches into |
@@ -24,6 +24,8 @@ fails loudly when an upgrade moves one of them.
 | `distributed_table` | a Keras lookup layer's per-worker table handle |
 | `checkpoint` | which objects a checkpoint restore matched |
 | `data` | a tf.data dataset rebuilt from its serialized graph |
+| `loss_reduction` | tf-keras's refusal of a default-reduction loss object under a strategy, for one-replica workers |
+| `versions` | what differs between the TF versions supported (2.16.2-2.21): AutoGraph's rules, the profiler proto |
 
 Importing this package is cheap: no module here imports TensorFlow at import
 time except through the functions that need it.

@@ -35,8 +35,12 @@ import inspect
 import numpy as np
 import tensorflow as tf
 
-from tf_psx._tf import step_tokens as _step_tokens, tfra as _tfra
+from tf_psx._tf import step_tokens as _step_tokens, tfra as _tfra, versions as _versions
 from tf_psx._tf.keras import wrapped_like
+
+# tf-keras's Python train / test function called from the runner's own tf.function, converted explicitly
+# (TF 2.21's AutoGraph rules leave tf_keras unconverted: tf_psx._tf.versions.call_converted).
+_call_converted = _versions.autograph_artifact(_versions.call_converted)
 
 # Layouts kept per input (one per batch shape seen: the full batches and a short last one).
 MAX_LAYOUTS = 64
@@ -326,7 +330,7 @@ def _runner(fn, layout, stacked: bool):
             if not stacked and not rest and python_function is not None and not _shadows_in_use(fn):
                 batch = layout.unpack(batches) if layout is not None else batches
                 with _step_tokens.tracing_with(token, _step_tokens.STEP):
-                    return python_function(_OneBatch(batch), *rest)
+                    return _call_converted(python_function, _OneBatch(batch), *rest)
             tfra = _shadows_in_use(fn)
             if (stacked or rest) and python_function is not None and (not tfra or _token_reaches(fn)):
                 # Several steps in one execution, each with its own token (the closure's `count` numbers from
@@ -341,7 +345,9 @@ def _runner(fn, layout, stacked: bool):
                 else:
                     data = tf.data.Dataset.from_tensors((token, layout.unpack(batches) if layout is not None else batches))
                 with _step_tokens.tracing_with(None, ""):
-                    return (fn if tfra else python_function)(_TokenedBatches(iter(data)), *rest)
+                    if tfra:
+                        return fn(_TokenedBatches(iter(data)), *rest)
+                    return _call_converted(python_function, _TokenedBatches(iter(data)), *rest)
             if stacked:
                 data = tf.data.Dataset.from_tensor_slices(batches)
                 if layout is not None:

@@ -6,9 +6,23 @@ import logging
 import sys
 
 from tf_psx._tf.keras import keras
-from tf_psx.errors import DynamicEmbeddingSaveError
+from tf_psx.errors import DynamicEmbeddingSaveError, TFRAMissingError
 
-def tfra():
+# What a user without TFRA is told to install: the extra, and the stack it means.
+TFRA_NEEDED = ("needs tensorflow-recommenders-addons (TFRA), which is not installed here. TFRA 0.8.1, its last "
+               "release, runs only on TensorFlow 2.16.2 and Python 3.9-3.11: install that stack with "
+               "`pip install \"tf-psx[tfra]\"` (or `make install-tfra`, which makes .venv-tfra); for a fixed "
+               "vocabulary, tf_psx.layers.ShardedEmbedding and FeatureEmbeddings need no TFRA")
+
+
+def tfra_installed() -> bool:
+    """Whether tensorflow_recommenders_addons can be imported here (without importing it)."""
+    import importlib.util  # pylint: disable=import-outside-toplevel
+
+    return importlib.util.find_spec("tensorflow_recommenders_addons") is not None
+
+
+def tfra(what: str = "this"):
     """Imports and returns `tensorflow_recommenders_addons.dynamic_embedding`.
 
     TFRA 0.8.1 prints "_SingleDeviceSaver removed after tf version 2.15" to
@@ -19,6 +33,8 @@ def tfra():
     import io  # pylint: disable=import-outside-toplevel
 
     if "tensorflow_recommenders_addons.dynamic_embedding" not in sys.modules:
+        if not tfra_installed():
+            raise TFRAMissingError(f"{what} {TFRA_NEEDED}.")
         keras3_init = _keras3_variance_scaling()
         saved_call = keras3_init.__call__ if keras3_init is not None else None
         tf_logger = logging.getLogger("tensorflow")

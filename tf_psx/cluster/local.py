@@ -18,7 +18,7 @@ import sys
 import tempfile
 from typing import Any
 
-from tf_psx import _checks
+from tf_psx import _checks, _quiet
 from tf_psx.cluster import server as _server, supervisor as _supervisor
 from tf_psx._tf import runtime as _runtime
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig
@@ -258,8 +258,6 @@ class LocalCluster(ClusterSource):
     def _start_in_process(self) -> None:
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-        from tf_psx.cluster.server import server_config  # pylint: disable=import-outside-toplevel
-
         shape = (self.num_workers, self.num_ps)
         if shape in _INPROCESS_SERVERS:
             self.config = _INPROCESS_SERVERS[shape][0]
@@ -271,6 +269,15 @@ class LocalCluster(ClusterSource):
         )
         spec = self.config.cluster_spec()
         servers = []
+        # Starting servers prints native lines no log level reaches once TF was imported first (server
+        # option dumps; TF 2.21's cuInit error at device discovery): the known ones are dropped (tf_psx._quiet).
+        with _quiet.native_stderr_filtered():
+            self._start_servers(tf, spec, servers)
+        _INPROCESS_SERVERS[shape] = (self.config, servers)
+
+    def _start_servers(self, tf, spec, servers: list) -> None:
+        from tf_psx.cluster.server import server_config  # pylint: disable=import-outside-toplevel
+
         for task_type, count in (("worker", self.num_workers), ("ps", self.num_ps)):
             for index in range(count):
                 servers.append(
@@ -283,7 +290,6 @@ class LocalCluster(ClusterSource):
                         start=True,
                     )
                 )
-        _INPROCESS_SERVERS[shape] = (self.config, servers)
 
     # -- processes ---------------------------------------------------------
 

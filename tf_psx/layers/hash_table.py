@@ -186,7 +186,7 @@ class DynamicEmbedding(_keras.layers.Layer):
                 f"{tfra_kwargs['with_unique']!r}. Fix: drop the argument."
             )
         tfra_kwargs.pop("with_unique", None)
-        de = _tfra.tfra()
+        de = _tfra.tfra(type(self).__name__)
         _exact_tables.install_tfra_optimizer_hook()
         _shadows.install_per_worker_shadows()
         self.output_dim = int(output_dim)

@@ -1,0 +1,65 @@
+"""What differs between the TensorFlow versions tf_psx supports (2.16.2 through 2.21): the one place for it.
+
+Each difference names the TF version it is for. tests/test_tf_hooks.py runs
+every function here on the stack it runs on (CI runs it on both: TF 2.16.2
+with TFRA, and the newest TF).
+
+Importing this module does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import functools
+
+
+@functools.lru_cache(maxsize=None)
+def tf_version() -> tuple[int, int]:
+    """(major, minor) of the TensorFlow installed."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    major, minor = tf.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def call_converted(fn, *args):
+    """`fn(*args)` with `fn` converted by AutoGraph, as `tf.function` converts the function it is given.
+
+    For tf-keras's own train and test functions, called by tf_psx from inside
+    its own `tf.function` (`tf_psx._tf.fed_steps`). TF 2.21 added
+    `DoNotConvert('tf_keras')` to AutoGraph's rules, so a call of tf-keras's
+    Python function from converted code runs unconverted there, and its
+    `for _ in tf.range(steps_per_execution)` fails ("Iterating over a
+    symbolic tf.Tensor"). `user_requested=True` is what `tf.function` passes
+    for its own function: it converts `fn` whatever the rules say, and the
+    calls inside `fn` follow AutoGraph's rules as they would under
+    tf-keras's own `tf.function` (the model's `train_step`, reached through
+    `strategy.run`, is converted by it as it is without tf_psx). The rules
+    themselves are not changed: a user's code is traced as it is without
+    tf_psx. On TF 2.16 this is the conversion AutoGraph made anyway.
+    """
+    from tensorflow.python.autograph.core import converter  # pylint: disable=import-outside-toplevel,no-name-in-module
+    from tensorflow.python.autograph.impl import api  # pylint: disable=import-outside-toplevel,no-name-in-module
+
+    from tensorflow.python.autograph.core import ag_ctx  # pylint: disable=import-outside-toplevel,no-name-in-module
+
+    options = converter.ConversionOptions(recursive=True, user_requested=True,
+                                          optional_features=converter.Feature.ALL)
+    with ag_ctx.ControlStatusCtx(status=ag_ctx.Status.ENABLED, options=options):
+        return api.converted_call(fn, args, None, options=options)
+
+
+def autograph_artifact(fn):
+    """`fn` marked as AutoGraph's own: converted code calls it as it is (every TF version here)."""
+    from tensorflow.python.autograph.impl import api  # pylint: disable=import-outside-toplevel,no-name-in-module
+
+    return api.autograph_artifact(fn)
+
+
+def xplane_pb2():
+    """TF's profiler trace proto module (`XSpace`): in `tensorflow.tsl.profiler.protobuf` from TF 2.18 (2.21 checked),
+    in `tensorflow.core.profiler.protobuf` before (2.16)."""
+    try:
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2 as module  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        from tensorflow.core.profiler.protobuf import xplane_pb2 as module  # pylint: disable=import-outside-toplevel
+    return module
