@@ -199,6 +199,16 @@ def _tfra_installed() -> bool:
     return importlib.util.find_spec("tensorflow_recommenders_addons") is not None
 
 
+def tfra_param(*values, **kwargs):
+    """A parametrize case that needs TFRA (a DynamicEmbedding case): marked `tfra`, so it runs on the TFRA stack."""
+    return pytest.param(*values, marks=pytest.mark.tfra, **kwargs)
+
+
+def layers_here(*layers: str) -> tuple:
+    """`layers` (names a test script takes) without "dynamic" where TFRA is absent: DynamicEmbedding needs it."""
+    return tuple(layer for layer in layers if layer != "dynamic" or _tfra_installed())
+
+
 def _stack_problem(item) -> str | None:
     """A test marked so that it would skip on both stacks, or None."""
     marks = {mark.name for mark in item.iter_markers() if mark.name in STACK_MARKS}
@@ -208,9 +218,16 @@ def _stack_problem(item) -> str | None:
     return None
 
 
+# Modules whose doctests build TFRA tables (DynamicEmbedding in this release): marked `tfra`.
+TFRA_DOCTEST_MODULES = ("tf_psx.layers.hash_table", "tf_psx.layers.fused.DynamicFeatureEmbeddings",
+                        "tf_psx.callbacks.table_eviction", "tf_psx.tables")
+
+
 def _skip_for_stack(item) -> None:
     """Skips a test of the other stack, with the reason."""
     installed = _tfra_installed()
+    if isinstance(item, pytest.DoctestItem) and item.name.startswith(TFRA_DOCTEST_MODULES):
+        item.add_marker(pytest.mark.tfra)
     if item.get_closest_marker("tfra") is not None and not installed:
         item.add_marker(pytest.mark.skip(reason="needs tensorflow-recommenders-addons: the TFRA stack "
                                                 "(make test-tfra) runs it"))

@@ -58,12 +58,18 @@ def _blocks(page: str) -> list[str]:
         return _PYTHON_BLOCK.findall(handle.read())
 
 
+# A block that builds a DynamicEmbedding or DynamicFeatureEmbeddings (TFRA tables in this release).
+_NEEDS_TFRA = re.compile(r"Dynamic(Feature)?Embedding|TableEviction|tensorflow_recommenders_addons")
+
+
 def _block_params():
     """One test per python block: a reader copies one block, so each must run alone."""
     params = []
     for page in PAGES:
         for index, block in enumerate(_blocks(page)):
             marks = [pytest.mark.processes] if _NEEDS_CLUSTER.search(block) else []
+            if _NEEDS_TFRA.search(block):
+                marks.append(pytest.mark.tfra)  # a hash-table block: DynamicEmbedding is on the TFRA stack
             params.append(pytest.param(page, index, id=f"{os.path.relpath(page, DOCS)}#{index}", marks=marks))
     return params
 
@@ -451,8 +457,8 @@ def test_shell_command_runs_and_prints_what_the_docs_show(command, check, tmp_pa
 # What each make target that the docs show must run (a dry run: nothing is executed).
 MAKE_RECIPES = {
     "install": ["-m venv .venv", "pip install --quiet -e '.[dev]'"],
-    "demo": ["pip install --quiet -e '.[dev]'", "examples/quickstart.py"],
-    "test": ["pip install --quiet -e '.[dev]'", "-m pytest"],
+    "demo": ["pip install --quiet -c stacks/newest.txt -e '.[dev]'", "examples/quickstart.py"],
+    "test": ["pip install --quiet -c stacks/newest.txt -e '.[dev]'", "-m pytest"],
 }
 
 

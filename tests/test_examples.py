@@ -23,7 +23,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, SCRIPT_TIMEOUT_S
+from conftest import REPO, SCRIPT_TIMEOUT_S, tfra_param
 
 pytestmark = pytest.mark.processes
 
@@ -186,6 +186,7 @@ def test_quickstart_notebook_runs_headless_and_learns(tmp_path, monkeypatch):
 CRITEO_TIMEOUT_S = 300
 
 
+@pytest.mark.tfra
 def test_criteo_ps_two_workers_train_snapshot_monitor_and_serve_exactly(tmp_path):
     from tf_psx.data import CriteoStats, criteo  # pylint: disable=import-outside-toplevel
 
@@ -231,7 +232,7 @@ WORKER_CPU_S = 0.3
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize("example", sorted(LAUNCHED_EXAMPLES))
+@pytest.mark.parametrize("example", [tfra_param(name) if name == "criteo_ps.py" else name for name in sorted(LAUNCHED_EXAMPLES)])
 def test_each_example_trains_on_the_launched_cluster(example, tmp_path):
     import re  # pylint: disable=import-outside-toplevel
 

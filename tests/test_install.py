@@ -59,3 +59,32 @@ def test_wheel_in_a_fresh_venv_from_another_directory(tmp_path):
     assert "ROWS 20" in out, out
     cli = _run([str(venv / "bin" / "tf-psx"), "config", "--workers", "w0:2222,w1:2222", "--ps", "ps0:2222", "--task", "worker:1"], cwd=elsewhere, env=env)
     assert '"worker"' in cli and '"ps"' in cli, cli
+
+
+def test_install_with_dependencies_keeps_the_tensorflow_already_there(tmp_path):
+    # A non-editable install of tf_psx, dependencies resolved (not --no-deps), into an environment that
+    # already has this stack's TensorFlow: pip finds every requirement satisfied (setup.py's ranges, not
+    # pins) and installs nothing else. --no-index: a TensorFlow pip wanted to change would fail the install.
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    wheels = tmp_path / "wheels"
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), REPO],
+         cwd=tmp_path)
+    (wheel,) = list(wheels.glob("tf_psx-*.whl"))
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], cwd=tmp_path)
+    python = str(venv / "bin" / "python")
+    site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp_path).strip()
+    with open(os.path.join(site, "deps_from_test_env.pth"), "w", encoding="utf-8") as handle:
+        handle.write(sysconfig.get_paths()["purelib"] + "\n")
+    out = _run([python, "-m", "pip", "install", "--no-index", str(wheel)], cwd=tmp_path)
+    installed = [line.replace("_", "-") for line in out.splitlines() if line.startswith("Successfully installed")]
+    assert installed and installed[0].split()[2:] == [f"tf-psx-{_wheel_version(wheel)}"], out
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    seen = _run([python, "-c", "import tensorflow as tf, tf_psx; print('TF', tf.__version__)"], cwd=tmp_path, env=env)
+    assert f"TF {tf.__version__}" in seen, seen
+
+
+def _wheel_version(wheel) -> str:
+    return wheel.name.split("-")[1]

@@ -43,6 +43,7 @@ def test_fit_hooks():
     assert "_distributed_apply_gradients_fn" in type(model.optimizer).__mro__[1].__dict__
 
 
+@pytest.mark.tfra
 def test_tfra_and_shadow_hooks():
     de = _tfra.tfra()
     assert hasattr(de, "DynamicEmbeddingOptimizer") and hasattr(de, "Variable")

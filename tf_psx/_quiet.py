@@ -43,6 +43,9 @@ NOISE = re.compile("|".join([
     r"To enable the following instructions: .*rebuild TensorFlow",
     r"oneDNN custom operations are on",
     r"Failed to remove function remotely due to Tried to remove non-existent function",  # cluster shape change
+    # At exit, after the task processes (or a cluster of another shape) are gone: the coordinator's remote
+    # functions cannot be released (one line per function, hundreds after a long fit).
+    r"Failed to remove function remotely due to failed to connect to all addresses",
     r"Reduce to /device:CPU:0 then broadcast to",              # tf.distribute at INFO in notebooks
     r"Found source dataset of type .* This type is not efficiently shardable",
     r"_colocate_with \(from tensorflow\.python\.framework\.ops\) is deprecated",

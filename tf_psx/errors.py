@@ -41,6 +41,7 @@ __all__ = [
     "TFRAOptimizerError",
     "SnapshotDirectoryError",
     "TFRAMissingError",
+    "CapturedDatasetError",
 ]
 
 
@@ -106,6 +107,10 @@ class TFRAOptimizerError(TFPSXError, TypeError):
 
 class TFRAMissingError(TFPSXError, ImportError):
     """A TFRA layer or optimizer was used where tensorflow-recommenders-addons is not installed; names the extra."""
+
+
+class CapturedDatasetError(TFPSXError, ValueError):
+    """A step uses a tf.data.Dataset of the coordinator that tf_psx cannot rebuild on the worker; names its holder."""
 
 
 class SnapshotDirectoryError(TFPSXError, ValueError):

@@ -23,7 +23,8 @@ from tf_psx import exact_tables as _exact_tables, partitioners as _partitioners,
 from tf_psx import sync_training as _sync_training
 from tf_psx._tf import fit_inputs as _fit_inputs, keras as _tf_keras, runtime as _runtime
 from tf_psx._tf import distributed_table as _distributed_table, tfra as _tfra
-from tf_psx._tf import loss_reduction as _loss_reduction, weights as _weights_hook
+from tf_psx._tf import captured_datasets as _captured_datasets, loss_reduction as _loss_reduction
+from tf_psx._tf import versions as _versions, weights as _weights_hook
 from tf_psx.cluster import ClusterConfig
 from tf_psx.errors import ArgumentError, ArgumentTypeError, ClusterUnreachableError, Keras3Error, LocalResourcesError, TFConfigError
 from tf_psx.cluster.config import ClusterSource
@@ -318,6 +319,8 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         _distributed_table.install()
         # A loss object of default reduction in a model's own train_step: each worker's step is one replica.
         _loss_reduction.install(lambda strategy: isinstance(strategy, ParameterServerStrategy))
+        # A dataset of the coordinator used inside a step (TFRS's FactorizedTopK candidates): rebuilt in the step.
+        _captured_datasets.install()
         self.sync_controller = None
         if sync is not False:
             _sync_training.install()
@@ -394,6 +397,13 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
     def check_model(model) -> None:
         """Raises `Keras3Error` when `model` is a Keras 3 model (not tf-keras)."""
         _tf_keras.check_not_keras3(model)
+
+
+# Called inside a user's tf.function (a custom loop's `strategy.run`), these run as TF's own methods do:
+# unconverted by AutoGraph, the user's step converted by TF's `run` (on TF 2.21 AutoGraph's conversion of
+# `super().run` here called the wrong method: "tf__scope() got an unexpected keyword argument 'args'").
+for _name in ("run", "scope", "sync_version"):
+    setattr(ParameterServerStrategy, _name, _versions.autograph_artifact(getattr(ParameterServerStrategy, _name)))
 
 
 def _check_sync_arguments(sync, replicas_to_aggregate, timeout_s) -> None:

@@ -303,6 +303,7 @@ def _events(log_dir):
 
 
 @pytest.mark.cluster
+@pytest.mark.tfra
 def test_one_worker_has_no_staleness_and_the_monitor_writes_every_tag(ps_strategy, tmp_path):
     epochs, steps = 2, 6
     model = _model(ps_strategy)
@@ -401,6 +402,7 @@ class _Crash(Exception):
 
 
 @pytest.mark.cluster
+@pytest.mark.tfra
 def test_crash_during_a_snapshot_restores_the_newest_complete_one(ps_strategy, tmp_path, monkeypatch):
     directory = tmp_path / "snap"
     steps = 8
@@ -469,6 +471,7 @@ def _report(result):
 
 
 @pytest.mark.processes
+@pytest.mark.tfra
 def test_interrupted_run_resumes_at_the_last_snapshot_and_matches_an_uninterrupted_one(tmp_path):
     full = _report(run_script("callbacks_resume.py", "full", str(tmp_path / "unused"), str(tmp_path / "full.npz")))
     crashed = run_script("callbacks_resume.py", "interrupt", str(tmp_path / "snap"), str(tmp_path / "x.npz"))

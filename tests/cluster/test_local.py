@@ -151,6 +151,7 @@ def test_fit_survives_a_worker_killed_mid_fit():
     assert "all steps done" in result.stdout
 
 
+@pytest.mark.tfra
 def test_model_built_before_the_cluster_gets_clear_error():
     result = run_script("local_resources_then_cluster.py")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

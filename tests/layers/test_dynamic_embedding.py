@@ -15,7 +15,7 @@ from tf_psx.layers import DynamicEmbedding
 
 from conftest import run_script
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.tfra]  # DynamicEmbedding and TFRA clients: the TFRA stack (make test-tfra)
 
 FIELDS, DIM, BATCH, STEPS = 5, 4, 16, 8
 INIT = 0.1

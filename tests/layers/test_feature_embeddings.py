@@ -196,6 +196,7 @@ def test_dynamic_features_bad_arguments(features, match):
         tf_psx.layers.DynamicFeatureEmbeddings(features, 4)
 
 
+@pytest.mark.tfra
 def test_dynamic_features_fold_into_disjoint_key_ranges():
     layer = tf_psx.layers.DynamicFeatureEmbeddings(["user", "item"], 2, initializer="zeros", name="fold")
     with pytest.raises(ValueError, match=r"Missing: \['item'\]\. Unexpected: \[\]"):
@@ -225,6 +226,7 @@ def _dynamic_models(strategy):
 
 
 @pytest.mark.cluster
+@pytest.mark.tfra
 def test_dynamic_features_equal_separate_tables_and_export(ps_strategy, tmp_path):
     (separate_model, fused_model), separate, fused = _dynamic_models(ps_strategy)
     rng = np.random.default_rng(3)

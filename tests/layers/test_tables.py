@@ -15,7 +15,7 @@ from tf_psx.layers import DynamicEmbedding
 
 from conftest import run_script
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.tfra]  # DynamicEmbedding and TFRA clients: the TFRA stack (make test-tfra)
 
 DIM = 2
 

@@ -151,6 +151,7 @@ def test_a_resume_applies_the_newest_delta_and_a_torn_one_falls_back(kind, tmp_p
     assert "cannot read the delta of step 12" in caplog.text
 
 
+@pytest.mark.tfra
 def test_delta_arguments_and_hash_tables_are_refused_with_the_fix(tmp_path):
     with pytest.raises(ValueError, match=r"`delta_every_n_steps` of PeriodicSync must be below `every_n_steps` \(10\)"
                                          r".*Received: 10"):

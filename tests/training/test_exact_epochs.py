@@ -134,6 +134,7 @@ def _assert_every_step_once(result: dict) -> None:
 @pytest.mark.processes
 @pytest.mark.slow
 @pytest.mark.parametrize("steps_per_execution", ["1", "10"])
+@pytest.mark.tfra
 def test_worker_kills_with_a_tfra_table_apply_every_example_exactly_once(steps_per_execution):
     # every row of the hash table
     _assert_every_step_once(_crash(2, "--tfra", "--batches", "3000", "--steps-per-execution", steps_per_execution))

@@ -21,11 +21,11 @@ import tf_psx
 from tf_psx import exact_compile as _exact_compile, exact_tables as _exact_tables, exact_updates as _exact_updates
 from tf_psx._tf import exact_updates as _exact_door
 
-from conftest import run_script, script_results
+from conftest import layers_here, run_script, script_results, tfra_param
 
 pytestmark = pytest.mark.unit
 
-LAYERS = ("sharded", "stock", "dynamic")
+LAYERS = layers_here("sharded", "stock", "dynamic")  # DynamicEmbedding on the TFRA stack (conftest)
 OPTIMIZERS = ("sgd", "sgd_momentum", "adagrad", "adam", "lazyadam", "psx_sgd", "psx_sgd_momentum")
 STEPS = 40
 # The issue's target: the share of the true move is 1.0000 and no row is off
@@ -51,6 +51,7 @@ def _check(results: list[dict], expected_pairs: int) -> None:
 
 
 @pytest.mark.processes
+@pytest.mark.smoke
 def test_every_layer_and_optimizer_is_exact_with_two_workers():
     result = run_script(
         "exact_updates.py", "--layer", *LAYERS, "--optimizer", *OPTIMIZERS, "--workers", "2",
@@ -89,6 +90,7 @@ def test_three_workers_on_task_processes_with_steps_per_execution():
     _check(script_results(result), len(LAYERS) * 2)
 
 
+@pytest.mark.tfra
 def test_private_hooks_are_where_they_were_read():
     """Fails loudly when a TF / tf-keras / TFRA upgrade moves what tf_psx._tf.exact_updates patches."""
     _exact_updates.install()
@@ -154,7 +156,7 @@ def test_an_optimizer_made_outside_the_scope_gets_its_step_and_rate_on_the_ps(ps
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("model_kind", ["plain", "plain_with_tfra_shadows_installed", "dynamic_embedding"])
+@pytest.mark.parametrize("model_kind", ["plain", tfra_param("plain_with_tfra_shadows_installed"), tfra_param("dynamic_embedding")])
 def test_every_step_of_a_multi_step_fit_carries_its_token_the_short_last_batch_too(ps_strategy, monkeypatch,
                                                                                     model_kind):
     # steps_per_execution=2 over 5 batches (9 rows, batch 2): two executions of 2 stacked batches, then the
@@ -378,6 +380,7 @@ def test_an_update_without_journal_cut_off_midway_is_counted_unsure():
     assert step_once.counts(owner) == {"skipped": 0, "unsure": 1, "rolled_back": 0}
 
 
+@pytest.mark.tfra
 def test_a_table_shard_update_cut_off_midway_is_rolled_back_from_its_journal_and_applied_once():
     # tf_psx.exact_tables: a hash-table shard's update saves the rows and slots it is about to overwrite
     # (and which keys existed) with its token; an attempt cut off after its writes is undone by the next

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tf_psx
+from conftest import tfra_param
 
 pytestmark = pytest.mark.cluster
 
@@ -62,7 +63,7 @@ def test_sharded_model_checkpoint_best_only_and_save_serve(ps_strategy, tmp_path
     np.testing.assert_allclose(got, model.predict(ids, verbose=0), atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["sharded", "dynamic"])
+@pytest.mark.parametrize("kind", ["sharded", tfra_param("dynamic")])
 def test_tensorboard_histograms(ps_strategy, tmp_path, kind):
     model = _model(ps_strategy, kind)
     _fit(model, [tf.keras.callbacks.TensorBoard(str(tmp_path), histogram_freq=1)], epochs=1)
@@ -76,6 +77,7 @@ def test_tensorboard_histograms(ps_strategy, tmp_path, kind):
         assert any("emb" in tag and "embeddings" in tag for tag in tags), sorted(tags)
 
 
+@pytest.mark.tfra
 def test_dynamic_model_save_names_export_serving(ps_strategy, tmp_path):
     model = _model(ps_strategy, "dynamic")
     with pytest.raises(tf_psx.DynamicEmbeddingSaveError, match=r"Fix: tf_psx\.export_serving\(model, path\)"):

@@ -207,6 +207,7 @@ print("TRAINED", layer.size())
 
 
 @pytest.mark.processes
+@pytest.mark.tfra
 def test_tensorflow_imported_first_keeps_tf_keras_after_a_dynamic_embedding():
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
     result = subprocess.run([sys.executable, "-c", _TENSORFLOW_FIRST], capture_output=True, text=True,

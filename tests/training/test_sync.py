@@ -20,7 +20,7 @@ import tensorflow as tf
 import tf_psx
 from tf_psx.errors import TFConfigError
 
-from conftest import run_script, script_results
+from conftest import layers_here, run_script, script_results, tfra_param
 
 pytestmark = pytest.mark.processes
 
@@ -36,9 +36,10 @@ EQUIVALENCE_TOLERANCE = 1e-5
 def test_sync_step_equals_one_step_of_the_concatenated_batches():
     # 61 batches on 2 workers: 30 steps of 2 and a flushed tail of 1. Both layers with
     # LazyAdam here; both layers with Adagrad in the schedule test below.
-    results = script_results(run_script("sync_equivalence.py", "--layer", "sharded", "dynamic",
+    layers = layers_here("sharded", "dynamic")
+    results = script_results(run_script("sync_equivalence.py", "--layer", *layers,
                                   "--optimizer", "lazyadam", "--batches", "61"))
-    assert len(results) == 2
+    assert len(results) == len(layers)
     for result in results:
         assert result["max_weight_difference"] <= EQUIVALENCE_TOLERANCE, result
         assert result["rows_moved"] > 100 * EQUIVALENCE_TOLERANCE, result  # the rows did train
@@ -47,7 +48,7 @@ def test_sync_step_equals_one_step_of_the_concatenated_batches():
         assert result["applied_batches"] == 61 and result["dropped"] == 0, result
 
 
-@pytest.mark.parametrize("schedule,layer", [("exponential", "sharded"), ("cosine", "dynamic")])
+@pytest.mark.parametrize("schedule,layer", [("exponential", "sharded"), tfra_param("cosine", "dynamic")])
 def test_learning_rate_schedules_follow_applied_steps(schedule, layer):
     results = script_results(run_script("sync_equivalence.py", "--layer", layer, "--optimizer", "adagrad",
                                   "--batches", "31", "--schedule", schedule))
@@ -56,12 +57,14 @@ def test_learning_rate_schedules_follow_applied_steps(schedule, layer):
     assert results[0]["iterations_sync"] == 16, results[0]
 
 
+@pytest.mark.smoke
 def test_fit_with_steps_per_execution_matches_the_closed_form():
     steps = 41
     # Both layers with Adagrad; LazyAdam's sync step is checked by the equivalence test above.
-    results = script_results(run_script("exact_updates.py", "--layer", "sharded", "dynamic", "--optimizer", "adagrad",
+    layers = layers_here("sharded", "dynamic")
+    results = script_results(run_script("exact_updates.py", "--layer", *layers, "--optimizer", "adagrad",
                                   "--workers", "2", "--steps", str(steps), "--spe", "2", "--sync"))
-    assert len(results) == 2
+    assert len(results) == len(layers)
     for result in results:
         # Each sync step is the mean of 2 equal gradients; the tail step has 1.
         assert result["steps"] == math.ceil(steps / 2), result

@@ -20,7 +20,7 @@ from tf_psx import exact_compile as _exact_compile
 from conftest import run_script
 from test_exact_epochs import _assert_exact, _results
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.tfra]  # DynamicEmbedding and TFRA clients: the TFRA stack (make test-tfra)
 
 
 def _result(*args: str) -> dict:

@@ -25,6 +25,7 @@ fails loudly when an upgrade moves one of them.
 | `checkpoint` | which objects a checkpoint restore matched |
 | `data` | a tf.data dataset rebuilt from its serialized graph |
 | `loss_reduction` | tf-keras's refusal of a default-reduction loss object under a strategy, for one-replica workers |
+| `captured_datasets` | a coordinator's `tf.data.Dataset` used inside a scheduled step: rebuilt in the step, or refused |
 | `versions` | what differs between the TF versions supported (2.16.2-2.21): AutoGraph's rules, the profiler proto |
 
 Importing this package is cheap: no module here imports TensorFlow at import

@@ -35,7 +35,8 @@ import inspect
 import numpy as np
 import tensorflow as tf
 
-from tf_psx._tf import step_tokens as _step_tokens, tfra as _tfra, versions as _versions
+from tf_psx._tf import captured_datasets as _captured, step_tokens as _step_tokens, tfra as _tfra
+from tf_psx._tf import versions as _versions
 from tf_psx._tf.keras import wrapped_like
 
 # tf-keras's Python train / test function called from the runner's own tf.function, converted explicitly
@@ -298,6 +299,34 @@ def _shadows_in_use(fn) -> bool:
     return known
 
 
+def _model_of(fn):
+    """The tf-keras model whose train or test function is `fn` (read from its closure), or None."""
+    python_function = getattr(fn, "python_function", None)
+    if python_function is None or not getattr(python_function, "__closure__", None):
+        return None
+    try:
+        model = inspect.getclosurevars(python_function).nonlocals.get("self")
+    except (TypeError, ValueError):  # not a plain Python function
+        return None
+    return model if hasattr(model, "_flatten_layers") else None
+
+
+def _dataset_owner_finder(fn):
+    """A function naming the layer (and attribute) of `fn`'s model that holds a given dataset, or None."""
+
+    def owner_of(dataset):
+        model = _model_of(fn)
+        if model is None:
+            return None
+        for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
+            for name, value in vars(layer).items():
+                if value is dataset:
+                    return f"layer {layer.name!r} ({type(layer).__name__}), attribute {name!r}"
+        return None
+
+    return owner_of
+
+
 def _token_reaches(fn) -> bool:
     """Whether tf-keras's one-step train function `fn` may see a step token when traced into a runner.
 
@@ -327,6 +356,7 @@ def _runner(fn, layout, stacked: bool):
         python_function = getattr(fn, "python_function", None)
 
         def run(token, batches, *rest):
+            _captured.mark_step_graph(_dataset_owner_finder(fn))  # a dataset of the coordinator: rebuilt here
             if not stacked and not rest and python_function is not None and not _shadows_in_use(fn):
                 batch = layout.unpack(batches) if layout is not None else batches
                 with _step_tokens.tracing_with(token, _step_tokens.STEP):
