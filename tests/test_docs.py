@@ -456,7 +456,7 @@ def test_shell_command_runs_and_prints_what_the_docs_show(command, check, tmp_pa
 
 # What each make target that the docs show must run (a dry run: nothing is executed).
 MAKE_RECIPES = {
-    "install": ["-m venv .venv", "pip install --quiet -e '.[dev]'"],
+    "install": ["-m venv .venv", "pip install --quiet -c stacks/newest.txt -e '.[dev]'"],
     "demo": ["pip install --quiet -c stacks/newest.txt -e '.[dev]'", "examples/quickstart.py"],
     "test": ["pip install --quiet -c stacks/newest.txt -e '.[dev]'", "-m pytest"],
 }

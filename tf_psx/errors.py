@@ -105,7 +105,7 @@ class TFRAOptimizerError(TFPSXError, TypeError):
     """A model with TFRA layers compiled with an optimizer tf_psx cannot make exact; names the fix."""
 
 
-class TFRAMissingError(TFPSXError, ImportError):
+class TFRAMissingError(TFPSXError, RuntimeError):
     """A TFRA layer or optimizer was used where tensorflow-recommenders-addons is not installed; names the extra."""
 
 

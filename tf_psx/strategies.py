@@ -336,6 +336,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
 
     def run(self, fn, args=(), kwargs=None, options=None):
         """As TF's `run`; in sync mode the step first claims its place in a sync step."""
+        fn = _versions.step_converted(fn)  # a model's own train_step converted on TF 2.21 too (tf_psx._tf.versions)
         if self.sync_controller is not None:
             fn = self.sync_controller.wrap_step(fn)
         return super().run(fn, args=args, kwargs=kwargs, options=options)

@@ -48,6 +48,27 @@ def call_converted(fn, *args):
         return api.converted_call(fn, args, None, options=options)
 
 
+def step_converted(fn):
+    """`fn`, a function given to `strategy.run`, converted by AutoGraph as TF 2.16 converted it (where AutoGraph is on).
+
+    TF's `strategy.run` converts its function with `tf_convert(fn, ctx)`,
+    which leaves a function of an allowlisted module unconverted. TF 2.21
+    allowlists `tf_keras`, so tf-keras's `run_step` runs unconverted and the
+    model's own `train_step` / `test_step` with it: a `train_step` with a
+    Python `if` or `for` on a tensor fails ("Using a symbolic `tf.Tensor` as
+    a Python `bool` is not allowed") on TF 2.21 + tf-keras 2.21, even with
+    no strategy (measured). Under tf_psx's strategy the function is
+    converted as a user's own would be (`user_requested=True`), so the
+    user's step is converted as on TF 2.16; with AutoGraph off
+    (`tf.function(autograph=False)`) nothing is converted, as before. TF 2.16:
+    the conversion AutoGraph made anyway.
+    """
+    from tensorflow.python.autograph.core import ag_ctx  # pylint: disable=import-outside-toplevel,no-name-in-module
+    from tensorflow.python.autograph.impl import api  # pylint: disable=import-outside-toplevel,no-name-in-module
+
+    return api.tf_convert(fn, ag_ctx.control_status_ctx(), user_requested=True)
+
+
 def autograph_artifact(fn):
     """`fn` marked as AutoGraph's own: converted code calls it as it is (every TF version here)."""
     from tensorflow.python.autograph.impl import api  # pylint: disable=import-outside-toplevel,no-name-in-module
