@@ -42,8 +42,9 @@ def call_converted(fn, *args):
 
     from tensorflow.python.autograph.core import ag_ctx  # pylint: disable=import-outside-toplevel,no-name-in-module
 
-    options = converter.ConversionOptions(recursive=True, user_requested=True,
-                                          optional_features=converter.Feature.ALL)
+    # The options tf.function passes for its own function (no optional features: Feature.ALL also converts list
+    # operations, which broke tf-keras's Layer internals on TF 2.16).
+    options = converter.ConversionOptions(recursive=True, user_requested=True, optional_features=None)
     with ag_ctx.ControlStatusCtx(status=ag_ctx.Status.ENABLED, options=options):
         return api.converted_call(fn, args, None, options=options)
 
@@ -60,12 +61,16 @@ def step_converted(fn):
     no strategy (measured). Under tf_psx's strategy the function is
     converted as a user's own would be (`user_requested=True`), so the
     user's step is converted as on TF 2.16; with AutoGraph off
-    (`tf.function(autograph=False)`) nothing is converted, as before. TF 2.16:
-    the conversion AutoGraph made anyway.
+    (`tf.function(autograph=False)`) nothing is converted, as before. Only a
+    function AutoGraph's rules leave unconverted (TF 2.21's tf_keras) is
+    touched: on TF 2.16 `fn` is returned as it is (converting it there with
+    `user_requested=True` reached tf-keras's Layer internals and failed).
     """
     from tensorflow.python.autograph.core import ag_ctx  # pylint: disable=import-outside-toplevel,no-name-in-module
-    from tensorflow.python.autograph.impl import api  # pylint: disable=import-outside-toplevel,no-name-in-module
+    from tensorflow.python.autograph.impl import api, conversion  # pylint: disable=import-outside-toplevel,no-name-in-module
 
+    if not conversion.is_allowlisted(fn):
+        return fn
     return api.tf_convert(fn, ag_ctx.control_status_ctx(), user_requested=True)
 
 
