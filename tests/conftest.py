@@ -194,9 +194,9 @@ STACK_MARKS = ("tfra", "no_tfra")
 
 
 def _tfra_installed() -> bool:
-    import importlib.util  # pylint: disable=import-outside-toplevel
+    from tf_psx._tf.tfra import tfra_installed  # pylint: disable=import-outside-toplevel
 
-    return importlib.util.find_spec("tensorflow_recommenders_addons") is not None
+    return tfra_installed()
 
 
 def tfra_param(*values, **kwargs):

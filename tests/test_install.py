@@ -30,7 +30,8 @@ def _run(args, cwd, env=None):
     return result.stdout
 
 
-def test_wheel_in_a_fresh_venv_from_another_directory(tmp_path):
+def _wheel_and_venv(tmp_path):
+    """tf_psx's wheel built, and a fresh venv that sees this run's packages through a .pth: (wheel, venv, python, site)."""
     wheels = tmp_path / "wheels"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), REPO],
          cwd=tmp_path)
@@ -41,6 +42,11 @@ def test_wheel_in_a_fresh_venv_from_another_directory(tmp_path):
     site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp_path).strip()
     with open(os.path.join(site, "deps_from_test_env.pth"), "w", encoding="utf-8") as handle:
         handle.write(sysconfig.get_paths()["purelib"] + "\n")
+    return wheel, venv, python, site
+
+
+def test_wheel_in_a_fresh_venv_from_another_directory(tmp_path):
+    wheel, venv, python, site = _wheel_and_venv(tmp_path)
     _run([python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)], cwd=tmp_path)
 
     elsewhere = tmp_path / "elsewhere"
@@ -67,16 +73,7 @@ def test_install_with_dependencies_keeps_the_tensorflow_already_there(tmp_path):
     # pins) and installs nothing else. --no-index: a TensorFlow pip wanted to change would fail the install.
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    wheels = tmp_path / "wheels"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), REPO],
-         cwd=tmp_path)
-    (wheel,) = list(wheels.glob("tf_psx-*.whl"))
-    venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)], cwd=tmp_path)
-    python = str(venv / "bin" / "python")
-    site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp_path).strip()
-    with open(os.path.join(site, "deps_from_test_env.pth"), "w", encoding="utf-8") as handle:
-        handle.write(sysconfig.get_paths()["purelib"] + "\n")
+    wheel, _, python, _ = _wheel_and_venv(tmp_path)
     out = _run([python, "-m", "pip", "install", "--no-index", str(wheel)], cwd=tmp_path)
     installed = [line.replace("_", "-") for line in out.splitlines() if line.startswith("Successfully installed")]
     assert installed and installed[0].split()[2:] == [f"tf-psx-{_wheel_version(wheel)}"], out

@@ -82,3 +82,31 @@ def test_data_hook():
 
     dataset = tf.data.Dataset.range(5).map(lambda x: x * 2)
     assert [int(x) for x in data.dataset_without_python_functions(dataset)] == [0, 2, 4, 6, 8]
+
+
+@pytest.mark.smoke
+def test_version_differences_hold_on_this_stack():
+    # tf_psx._tf.versions, on the stack this runs on (CI runs the smoke tests on both).
+    from tf_psx._tf import versions  # pylint: disable=import-outside-toplevel
+
+    assert versions.xplane_pb2().XSpace() is not None  # the profiler proto, wherever this TF keeps it
+
+    def tensor_loop(n):
+        total = tf.constant(0, tf.int64)
+        for i in tf.range(n):  # needs AutoGraph: a Python loop over a tensor
+            total += i
+        return total
+
+    tensor_loop.__module__ = "tf_keras"  # a tf-keras function: allowlisted by TF 2.21's AutoGraph rules
+    call_converted = versions.autograph_artifact(versions.call_converted)
+
+    @tf.function
+    def outer(n):
+        return call_converted(tensor_loop, n)
+
+    assert int(outer(tf.constant(4, tf.int64))) == 6
+
+    def plain(n):
+        return n
+
+    assert versions.step_converted(plain) is plain  # a function AutoGraph converts anyway is left as it is

@@ -22,14 +22,13 @@ the dataset's. Any other dataset is refused before the first step with
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 from tf_psx.errors import CapturedDatasetError
 
 # Elements of the input read on the coordinator, at most: each is a constant of every step's closure.
 MAX_INPUT_ELEMENTS = 4096
-
-import threading
-import weakref
-
 _INSTALLED: dict = {}
 # tf_psx's step graphs being traced -> the function that names a dataset's holder.
 _MARKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -42,7 +41,7 @@ _REBUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def mark_step_graph(owner_of=None) -> None:
     """Marks the graph being traced (a tf_psx runner's) so that coordinator datasets it uses are rebuilt in it.
 
-    A graph attribute, not a thread's state: TF traces a scheduled function
+    Kept per graph (weakly), not per thread: TF traces a scheduled function
     in the worker thread that first runs it.
     """
     from tensorflow.python.framework import ops  # pylint: disable=import-outside-toplevel,no-name-in-module

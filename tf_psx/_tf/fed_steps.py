@@ -269,6 +269,18 @@ class _OneBatch:
         return self._batch
 
 
+def _model_of(fn):
+    """The tf-keras model whose train or test function is `fn` (read from its closure), or None."""
+    python_function = getattr(fn, "python_function", None)
+    if python_function is None or not getattr(python_function, "__closure__", None):
+        return None
+    try:
+        model = inspect.getclosurevars(python_function).nonlocals.get("self")
+    except (TypeError, ValueError):  # not a plain Python function
+        return None
+    return model if hasattr(model, "_flatten_layers") else None
+
+
 def _shadows_in_use(fn) -> bool:
     """Whether the model of tf-keras's train or test function `fn` may use TFRA's per-worker shadows.
 
@@ -287,28 +299,10 @@ def _shadows_in_use(fn) -> bool:
         return False
     known = fn.__dict__.get("_tf_psx_tfra_parts")
     if known is None:
-        python_function = getattr(fn, "python_function", None)
-        model = None
-        if python_function is not None and getattr(python_function, "__closure__", None):
-            try:
-                model = inspect.getclosurevars(python_function).nonlocals.get("self")
-            except (TypeError, ValueError):  # not a plain Python function: its model is unknown
-                model = None
-        known = _tfra.model_has_tfra_parts(model) if hasattr(model, "_flatten_layers") else True
+        model = _model_of(fn)
+        known = _tfra.model_has_tfra_parts(model) if model is not None else True
         fn.__dict__["_tf_psx_tfra_parts"] = known
     return known
-
-
-def _model_of(fn):
-    """The tf-keras model whose train or test function is `fn` (read from its closure), or None."""
-    python_function = getattr(fn, "python_function", None)
-    if python_function is None or not getattr(python_function, "__closure__", None):
-        return None
-    try:
-        model = inspect.getclosurevars(python_function).nonlocals.get("self")
-    except (TypeError, ValueError):  # not a plain Python function
-        return None
-    return model if hasattr(model, "_flatten_layers") else None
 
 
 def _dataset_owner_finder(fn):

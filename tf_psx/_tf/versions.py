@@ -9,17 +9,6 @@ Importing this module does not import TensorFlow.
 
 from __future__ import annotations
 
-import functools
-
-
-@functools.lru_cache(maxsize=None)
-def tf_version() -> tuple[int, int]:
-    """(major, minor) of the TensorFlow installed."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    major, minor = tf.__version__.split(".")[:2]
-    return int(major), int(minor)
-
 
 def call_converted(fn, *args):
     """`fn(*args)` with `fn` converted by AutoGraph, as `tf.function` converts the function it is given.
@@ -37,10 +26,8 @@ def call_converted(fn, *args):
     themselves are not changed: a user's code is traced as it is without
     tf_psx. On TF 2.16 this is the conversion AutoGraph made anyway.
     """
-    from tensorflow.python.autograph.core import converter  # pylint: disable=import-outside-toplevel,no-name-in-module
+    from tensorflow.python.autograph.core import ag_ctx, converter  # pylint: disable=import-outside-toplevel,no-name-in-module
     from tensorflow.python.autograph.impl import api  # pylint: disable=import-outside-toplevel,no-name-in-module
-
-    from tensorflow.python.autograph.core import ag_ctx  # pylint: disable=import-outside-toplevel,no-name-in-module
 
     # The options tf.function passes for its own function (no optional features: Feature.ALL also converts list
     # operations, which broke tf-keras's Layer internals on TF 2.16).
