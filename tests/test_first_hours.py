@@ -180,3 +180,36 @@ def test_a_notebook_that_changes_the_cluster_shape_stays_readable():
     lines = output.splitlines()
     assert len(lines) <= RESHAPE_LINE_BUDGET, output
     assert not [line for line in lines if "Failed to remove function remotely" in line], output
+
+
+# A 12-line script that imports TF first, with TF's default log level (issue: 69 lines on TF 2.16, 40 of them
+# the in-process servers' option dumps and rendezvous lines).
+IMPORTED_FIRST_LINE_BUDGET = 40
+
+
+def _quiet_exit(mode: str, **env_set):
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", _quiet.VERBOSE_ENV)}
+    env.update(env_set)
+    result = subprocess.run([sys.executable, os.path.join(REPO, "tests", "scripts", "quiet_exit.py"), mode],
+                            capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S, cwd=REPO, env=env, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "RESULT {'loss':" in result.stdout, output[-3000:]
+    return result
+
+
+@pytest.mark.processes
+def test_a_script_that_imports_tensorflow_first_stays_in_its_line_budget():
+    result = _quiet_exit("imported_first")
+    lines = (result.stdout + result.stderr).splitlines()
+    assert len(lines) <= IMPORTED_FIRST_LINE_BUDGET, "\n".join(lines)
+
+
+@pytest.mark.processes
+def test_a_script_on_task_processes_ends_without_error_lines():
+    # Trains inside `with LocalCluster(..., processes=True)` and exits: the coordinator's remote functions are
+    # released after the tasks are gone (before: hundreds of "Failed to remove function remotely" lines).
+    result = _quiet_exit("processes", TF_CPP_MIN_LOG_LEVEL="2")
+    errors = [line for line in result.stderr.splitlines() if "Failed to remove function remotely" in line
+              or re.match(r"E\d{4} ", line)]
+    assert not errors, result.stderr[-3000:]

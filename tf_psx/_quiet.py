@@ -20,6 +20,7 @@ patterns below match whole known messages only.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
 import importlib.abc
@@ -27,6 +28,7 @@ import importlib.util
 import logging
 import os
 import re
+import subprocess
 import sys
 import tempfile
 
@@ -138,10 +140,80 @@ def native_stderr_filtered():
             saved_file.close()
             held.seek(0)
             text = held.read().decode("utf-8", "replace")
-            kept = text.splitlines(keepends=True) if failed else [
-                line for line in text.splitlines(keepends=True) if not is_noise(line)]
+            kept = text.splitlines(keepends=True) if failed else list(kept_native_lines(text.splitlines(True)))
             if kept:
                 os.write(2, "".join(kept).encode("utf-8"))
+
+
+# Loads this file (argv[1]; it imports only the standard library) and copies stdin to stdout without the noise.
+_EXIT_FILTER_CHILD = ("import importlib.util, sys\n"
+                      "spec = importlib.util.spec_from_file_location('tf_psx_quiet', sys.argv[1])\n"
+                      "quiet = importlib.util.module_from_spec(spec)\n"
+                      "spec.loader.exec_module(quiet)\n"
+                      "for line in quiet.kept_native_lines(sys.stdin):\n"
+                      "    sys.stdout.write(line)\n"
+                      "    sys.stdout.flush()\n")
+_EXIT_FILTER: dict = {}
+
+
+def filter_native_stderr_at_exit() -> None:
+    """From this interpreter's exit on, the known noise on descriptor 2 is dropped (registered once per process).
+
+    When a `LocalCluster` of task processes stops, the coordinator's remote
+    functions outlive the tasks; TF releases them while the interpreter shuts
+    down and logs one native "Failed to remove function remotely due to
+    failed to connect to all addresses" error per function (hundreds after a
+    long fit), after the script's last line. At exit, descriptor 2 is handed
+    to a small child process that copies every other line to the real stderr
+    and ends when this process does. A no-op with $TF_PSX_VERBOSE.
+    """
+    if verbose() or _EXIT_FILTER:
+        return
+    _EXIT_FILTER["registered"] = True
+    atexit.register(_start_exit_filter)
+
+
+def _start_exit_filter() -> None:
+    try:
+        sys.stderr.flush()
+        real_stderr = os.dup(2)
+        read_end, write_end = os.pipe()
+        subprocess.Popen(  # pylint: disable=consider-using-with  (it ends on its own when this process does)
+            [sys.executable, "-c", _EXIT_FILTER_CHILD, os.path.abspath(__file__)],
+            stdin=read_end, stdout=real_stderr, stderr=real_stderr, close_fds=True, start_new_session=True)
+        os.dup2(write_end, 2)
+        for descriptor in (read_end, write_end, real_stderr):
+            os.close(descriptor)
+    except OSError:  # no process or pipe left to spare: the lines stay as they are
+        pass
+
+
+# The first line of a native log record: its level letter, date and time (absl's and TF's format).
+_NATIVE_RECORD = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d")
+
+
+def kept_native_lines(lines):
+    """The native `lines` (an iterable) without known noise records and, at the C++ log level asked for, INFO ones.
+
+    A native record is its first line (level letter, date, time) and the
+    lines up to the next record (a SessionOptions dump; gRPC's "Additional
+    GRPC error information" lines): a record is dropped whole. TF reads its
+    C++ log level once, so in a process that imported TF before tf_psx set
+    it INFO records still print; the level asked for ($TF_CPP_MIN_LOG_LEVEL,
+    which `quiet_cpp_logs` sets to 1 unless the user set it) is applied
+    here. Lines outside any record are dropped only when they are noise.
+    """
+    try:
+        level = int(os.environ.get(CPP_LOG_LEVEL_ENV, "0"))
+    except ValueError:
+        level = 0
+    dropping = False
+    for line in lines:
+        record = _NATIVE_RECORD.match(line)
+        if record is not None:
+            dropping = (record.group(1) == "I" and level >= 1) or is_noise(line)
+        if not dropping and not is_noise(line):
+            yield line
 
 
 class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):

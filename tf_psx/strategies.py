@@ -302,7 +302,10 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         if connect_timeout_s is not None:
             wait_until_reachable(resolver.cluster_spec().as_dict(), connect_timeout_s)
         _check_no_local_tables()
-        super().__init__(resolver, variable_partitioner=variable_partitioner)
+        # Connecting initializes TF's devices: TF 2.21 logs a native cuInit error there on a machine without
+        # CUDA, which no log level set after TF's import reaches (tf_psx._quiet drops the known lines).
+        with _quiet.native_stderr_filtered():
+            super().__init__(resolver, variable_partitioner=variable_partitioner)
         self.exact_updates = exact_updates
         self.num_workers = len(resolver.cluster_spec().as_dict()["worker"])
         if exact_updates:

@@ -192,6 +192,9 @@ class LocalCluster(ClusterSource):
 
     def stop(self) -> None:
         """Stops every task process and waits for it (no-op in-process)."""
+        if self._tasks:
+            # The coordinator's remote functions outlive the tasks: their release at exit is noise (tf_psx._quiet).
+            _quiet.filter_native_stderr_at_exit()
         _supervisor.stop(list(self._tasks.values()), grace_s=TASK_STOP_GRACE_S)
         self._started = False
         if self.processes:
