@@ -18,6 +18,8 @@ import re
 HERE = os.path.dirname(os.path.abspath(__file__))
 DOC = os.path.join(os.path.dirname(HERE), "docs", "benchmarks.md")
 SHORT_METRIC = 60
+# The folder under results/ of the TFRA stack's runs (TF 2.16.2) of benchmarks re-run on the newest TF.
+OTHER_STACK = "tf2.16"
 
 HEADER = """# Benchmarks
 
@@ -286,37 +288,56 @@ def _summary(records: dict) -> str:
     return "".join(lines)
 
 
-def render(records: list[dict]) -> str:
+def _section(rec: dict, heading: str) -> list[str]:
+    """One benchmark's setup, run line and table under `heading`."""
+    parts = [f"\n{heading}\n", f"{rec['setup']}\n",
+             f"\nRan {rec['date']} on {rec['machine']}, TensorFlow {rec['tensorflow']}.\n",
+             "\n| metric | value | target | met |\n|---|---|---|---|\n"]
+    definitions: list[str] = []
+    for row in rec["rows"]:
+        name, detail = _short(row["metric"], definitions)
+        parts.append(f"| {name} | {_value(row)}{detail} | {row.get('target') or '-'} | {_met(row)} |\n")
+    if definitions:
+        parts.append("\n" + "".join(f"[{i}] {text}\n" if i == 1 else f"\n[{i}] {text}\n"
+                                    for i, text in enumerate(definitions, 1)))
+    for image in rec.get("images", []):
+        parts.append(f"\n![{rec['name']}]({image})\n")
+    return parts
+
+
+def render(records: list[dict], other_stack: list[dict] = ()) -> str:
+    """The page: the summary and a section per record; a benchmark also run on the other stack gets that run too."""
     by_name = {rec["name"]: rec for rec in records}
+    others = {rec["name"]: rec for rec in other_stack}
     order = [name for name in SUMMARY if name in by_name] + sorted(set(by_name) - set(SUMMARY))
     parts = [HEADER, _summary(by_name)]
     for name in order:
         rec = by_name[name]
-        parts.append(f"\n## {rec['name']}\n")
-        parts.append(f"{rec['setup']}\n")
-        parts.append(f"\nRan {rec['date']} on {rec['machine']}, TensorFlow {rec['tensorflow']}.\n")
-        parts.append("\n| metric | value | target | met |\n|---|---|---|---|\n")
-        definitions: list[str] = []
-        for row in rec["rows"]:
-            name, detail = _short(row["metric"], definitions)
-            parts.append(f"| {name} | {_value(row)}{detail} | {row.get('target') or '-'} | {_met(row)} |\n")
-        if definitions:
-            parts.append("\n" + "".join(f"[{i}] {text}\n" if i == 1 else f"\n[{i}] {text}\n"
-                                        for i, text in enumerate(definitions, 1)))
-        for image in rec.get("images", []):
-            parts.append(f"\n![{rec['name']}]({image})\n")
+        parts.extend(_section(rec, f"## {rec['name']}"))
+        other = others.get(name)
+        if other is not None and other["tensorflow"] != rec["tensorflow"]:
+            parts.extend(_section(other, f"### {name} on TensorFlow {other['tensorflow']} (the other stack)"))
     return "".join(parts)
 
 
-def main() -> None:
+def records_in(folder: str) -> list[dict]:
+    """The result records in `folder`, by file name."""
     records = []
-    for path in sorted(glob.glob(os.path.join(HERE, "results", "*.json"))):
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
         with open(path, encoding="utf-8") as handle:
             records.append(json.load(handle))
+    return records
+
+
+def main() -> None:
+    # results/: each benchmark's newest run; results/tf2.16/: its run on the TFRA stack (TF 2.16.2), kept
+    # beside a newer run on the newest TensorFlow.
+    records = records_in(os.path.join(HERE, "results"))
+    other_stack = records_in(os.path.join(HERE, "results", OTHER_STACK))
     os.makedirs(os.path.dirname(DOC), exist_ok=True)
     with open(DOC, "w", encoding="utf-8") as handle:
-        handle.write(render(records))
-    print(f"wrote {DOC} from {len(records)} result file(s)")
+        handle.write(render(records, other_stack))
+    print(f"wrote {DOC} from {len(records)} result file(s) and {len(other_stack)} of the other stack")
 
 
 if __name__ == "__main__":
