@@ -83,6 +83,7 @@ def test_bounds_fail_a_model_that_learned_only_the_click_rate():
     _assert_learned_the_planted_model(dict(bias_only, auc=holdout.bayes_auc, log_loss=bias_only["bayes_log_loss"]))
 
 
+@pytest.mark.smoke  # also on the TFRA stack (make test-tfra)
 def test_quickstart_gets_close_to_the_bayes_auc():
     result = _run_example("quickstart.py")  # its default 8 epochs of 313 steps: ~30 s here
     _assert_learned_the_planted_model(result)
