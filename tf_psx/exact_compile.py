@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import logging
 
-from tf_psx._tf import exact_updates as _door, keras as _tf_keras, tfra as _tfra
+from tf_psx._tf import exact_updates as _door, keras as _tf_keras, runtime as _runtime, tfra as _tfra
 from tf_psx import exact_tables as _exact_tables
 from tf_psx.errors import TFRAOptimizerError
 
@@ -134,9 +134,20 @@ def _after_compile(model) -> None:
                         model.name, " and ".join(remade))
     if getattr(model.distribute_strategy, "exact_updates", False):
         adopt_exact_optimizer(model)
+    _attach_native_tables(model)
     reason = inexact_reason(getattr(model, "optimizer", None), model.distribute_strategy)
     if reason:
         logger.warning("Model %s: %s", model.name, reason)
+
+
+def _attach_native_tables(model) -> None:
+    """Each native hash table of `model` checks its optimizer and is laid out for its slots (tf_psx.tables.updates)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return
+    for layer in _runtime.flatten_layers(model):
+        if getattr(layer, "store", None) == "native":
+            layer.attach_optimizer(optimizer)
 
 
 def install_compile_warning() -> None:

@@ -82,7 +82,26 @@ def strategy_wants_exact(optimizer) -> bool:
     return bool(getattr(strategy, "exact_updates", False))
 
 
+# tf_psx's native hash tables (tf_psx.tables.updates): the anchor variable's unique id -> its table's update,
+# `update(optimizer, gradient)`. Registered by the layer (`register_table_anchor`).
+_TABLE_ANCHORS: dict = {}
+
+
+def register_table_anchor(anchor, update) -> None:
+    """Makes an apply of `anchor`'s gradient run `update(optimizer, gradient)` instead, with or without a strategy."""
+    install()
+    _TABLE_ANCHORS[_door.variable_key(anchor)] = update
+
+
+def _table_update_of(optimizer, variable):
+    if not _TABLE_ANCHORS:
+        return None
+    return _TABLE_ANCHORS.get(_door.var_key(optimizer, variable))
+
+
 def _applies(optimizer, variable) -> bool:
+    if _table_update_of(optimizer, variable) is not None:
+        return True
     # TFRA's per-batch buffers are written back to the hash tables by the
     # table update below (or TFRA's own apply path).
     return (
@@ -128,6 +147,11 @@ def lock_state(optimizer, key: str, variable_scope, lock_device: str):
             step.assign(pending.pop(name))
     locks[key] = (lock, step)
     return locks[key]
+
+
+def lock_state_if_made(optimizer, key: str):
+    """The (lock, step counter) stored under `key` by `lock_state`, or None when none was made."""
+    return optimizer.__dict__.get(_STATE_ATTR, {}).get(key)
 
 
 def register_row_marks(optimizer, variable, mask) -> bool:
@@ -301,6 +325,14 @@ def _mark_rows(optimizer, gradient, variable) -> None:
 
 def _locked_update(original, optimizer, gradient, variable):
     collector = getattr(_group, "apply", None)
+    table_update = _table_update_of(optimizer, variable)
+    if table_update is not None:
+        # A native hash table's anchor: the table's own update, per shard under its locks (tf_psx.tables.updates).
+        with tf.compat.v1.colocate_with(None, ignore_existing=True):
+            output = table_update(optimizer, gradient)
+        if collector is not None:
+            collector.outputs.append(output)
+        return output
     grouped = _is_grouped(optimizer, gradient, variable)
     if grouped and _collects(gradient):
         collector.pending.append((original, gradient, variable))

@@ -58,7 +58,8 @@ BATCH = 16
 # Key i appears 1 + (i % 3) times in every batch: rows get different gradients.
 MULTIPLICITY = 3
 OPTIMIZERS = ("sgd", "sgd_momentum", "adagrad", "adam", "lazyadam", "psx_sgd", "psx_sgd_momentum")
-LAYERS = ("sharded", "stock", "dynamic", "dense")
+# "dynamic": DynamicEmbedding on its default store (TFRA's where installed); "native": on tf_psx's own tables.
+LAYERS = ("sharded", "stock", "dynamic", "native", "dense")
 
 
 def make_optimizer(name: str):
@@ -137,6 +138,8 @@ def build_model(layer: str, min_count: int = 1):
         emb = tf_psx.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer="zeros")
     elif layer == "stock":
         emb = tf.keras.layers.Embedding(VOCAB, DIM, embeddings_initializer="zeros")
+    elif layer == "native":
+        emb = tf_psx.layers.DynamicEmbedding(DIM, initializer="zeros", table="native")
     else:
         emb = tf_psx.layers.DynamicEmbedding(DIM, initializer="zeros", min_count=min_count)
     rows = emb(inputs)
@@ -152,7 +155,7 @@ def table_of(layer: str, emb) -> tuple[np.ndarray, int]:
         return emb.lookup_table(), VOCAB
     if layer == "stock":
         return tf.nn.embedding_lookup(emb.embeddings, ids).numpy(), VOCAB
-    keys, values = (t.numpy() for t in emb.table.export())
+    keys, values = emb.export()  # the rows a lookup reads, from the ps tasks
     table = np.zeros([VOCAB, DIM], np.float32)
     table[keys] = values
     return table, len(keys)
@@ -265,8 +268,7 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
         "grouped": len(tf_psx.exact_updates.grouped_variables(model.optimizer)),
         "iterations_in_unit": tf_psx.exact_updates.iterations_in_unit(model.optimizer),
         # Each shard's update counter (a table updated per shard on its ps task), else None.
-        "table_steps": (tf_psx.exact_tables.shard_steps(getattr(model.optimizer, "inner_optimizer", model.optimizer),
-                                                        emb.table) if layer == "dynamic" else None),
+        "table_steps": _table_steps(layer, model.optimizer, emb),
         "ps": args.ps,
         "share": float(np.abs(actual).sum()) / move,
         "max_row_error": float(np.abs(actual - expected).max() / np.abs(expected).max()),
@@ -274,6 +276,15 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
         "keys_trained": int(np.count_nonzero(np.abs(expected).sum(axis=1))),
         "seconds": round(time.monotonic() - start, 1),
     }
+
+
+def _table_steps(layer: str, optimizer, emb):
+    """Each shard's update counter of a hash table updated per shard on its ps task, else None."""
+    if layer == "dynamic" and emb.store == "tfra":
+        return tf_psx.exact_tables.shard_steps(getattr(optimizer, "inner_optimizer", optimizer), emb.table)
+    if layer in ("dynamic", "native"):
+        return tf_psx.tables.updates.shard_steps(optimizer, emb.native_table)
+    return None
 
 
 if __name__ == "__main__":

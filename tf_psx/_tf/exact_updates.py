@@ -163,6 +163,15 @@ def var_key(optimizer, variable) -> str:
     return optimizer._var_key(variable)  # pylint: disable=protected-access
 
 
+def variable_key(variable):
+    """What tf-keras's `Optimizer._var_key` returns for `variable` (its distributed container's `_unique_id`), with no optimizer."""
+    if hasattr(variable, "_distributed_container"):
+        variable = variable._distributed_container()  # pylint: disable=protected-access
+    elif hasattr(variable, "handle") and hasattr(variable.handle, "_distributed_container"):
+        variable = variable.handle._distributed_container()  # pylint: disable=protected-access
+    return variable._unique_id  # pylint: disable=protected-access
+
+
 def updates(optimizer, variable) -> bool:
     """True when `optimizer` was built for `variable` (it has a slot index for it)."""
     return optimizer._var_key(variable) in getattr(optimizer, "_index_dict", {})  # pylint: disable=protected-access

@@ -1,21 +1,30 @@
-"""`DynamicEmbedding`: a TFRA hash-table embedding on the ps tasks, sized by the keys seen.
+"""`DynamicEmbedding`: a hash-table embedding on the ps tasks, sized by the keys seen.
+
+Two stores: tf_psx's own tables on TensorFlow's ops (`tf_psx.tables.native`,
+the default without TFRA, `table="native"`), and TFRA's tables
+(`table="tfra"`, the default where TFRA is installed, for the features
+that still need them: admission, eviction, the disk tier).
 
 Also the keys of a hash table (`table_keys`: strings hashed, ints cast) and
-what a key never trained reads (`UNSEEN_KEY_DEFAULT`). The lifecycle of the
-table (admission, eviction, the disk tier) is `tf_psx.tables`.
+what a key never trained reads (`UNSEEN_KEY_DEFAULT`). The lifecycle of a
+TFRA table (admission, eviction, the disk tier) is `tf_psx.tables.lifecycle`.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from tf_psx import _checks, exact_tables as _exact_tables
+import numpy as np
+
+from tf_psx import _checks, exact_tables as _exact_tables, exact_updates as _exact_updates
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime, shadows as _shadows, tfra as _tfra
-from tf_psx.errors import ArgumentError
+from tf_psx.errors import ArgumentError, StateError
+from tf_psx.tables import native as _native, updates as _table_updates
 from tf_psx.layers.common import serializable
 from tf_psx.layers.wire import as_wire_dtype
 
-__all__ = ["DynamicEmbedding", "table_keys", "STRING_KEY_BUCKETS", "UNSEEN_KEY_DEFAULT", "DEFAULT_INIT_STDDEV"]
+__all__ = ["DynamicEmbedding", "table_keys", "STRING_KEY_BUCKETS", "UNSEEN_KEY_DEFAULT", "DEFAULT_INIT_STDDEV",
+           "TABLE_STORES"]
 
 _keras = _tf_keras.keras()
 
@@ -40,6 +49,31 @@ def table_keys(inputs, key_dtype) -> tf.Tensor:
 UNSEEN_KEY_DEFAULT = 0.0
 # The spread of new rows: small, so that unseen keys barely move a prediction.
 DEFAULT_INIT_STDDEV = 0.05
+
+
+# `table=` of DynamicEmbedding: tf_psx's own tables on TF's ops, or TFRA's; None picks (`_pick_store`).
+TABLE_STORES = ("native", "tfra")
+# Layer arguments that only TFRA's tables implement in this release.
+_TFRA_ONLY = ("min_count", "max_age_steps", "max_rows", "spill_dir")
+# The dense shape of a table gradient's IndexedSlices: its indices are keys, any int64.
+_KEY_SPACE = 2**63 - 1
+
+
+def _pick_store(table, owner: str, needs_tfra: list[str]) -> str:
+    """The store a DynamicEmbedding uses: `table` if given, else TFRA where installed, else native."""
+    if table is not None and table not in TABLE_STORES:
+        raise ArgumentError(
+            f"Argument `table` of {owner} must be None, \"native\" or \"tfra\". Received: {table!r}. "
+            "Fix: pass table=\"native\" (tf_psx's tables on TensorFlow's own ops) or leave it None.")
+    if table is None:
+        table = "tfra" if _tfra.tfra_installed() else "native"
+    if table == "native" and needs_tfra:
+        raise ArgumentError(
+            f"Argument(s) {', '.join(needs_tfra)} of {owner} need TFRA's tables in this release; tf_psx's own "
+            f"tables (table=\"native\") do not implement them yet. Received: table={table!r} with "
+            f"{', '.join(needs_tfra)}. Fix: install the TFRA stack (pip install \"tf-psx[tfra]\") and pass "
+            "table=\"tfra\", or drop these arguments.")
+    return table
 
 
 def _ps_devices() -> list[str] | None:
@@ -157,7 +191,7 @@ class DynamicEmbedding(_keras.layers.Layer):
 
     def __init__(self, output_dim: int, key_dtype=tf.int64, initializer=None, name: str | None = None, *,
                  min_count: int = 1, max_age_steps: int | None = None, max_rows: int | None = None,
-                 spill_dir=None, wire_dtype=None, **tfra_kwargs):
+                 spill_dir=None, wire_dtype=None, table: str | None = None, **tfra_kwargs):
         super().__init__(name=name)
         _checks.int_at_least(output_dim, 1, "output_dim", owner="DynamicEmbedding",
                              fix="pass the embedding width, e.g. DynamicEmbedding(16)")
@@ -186,7 +220,16 @@ class DynamicEmbedding(_keras.layers.Layer):
                 f"{tfra_kwargs['with_unique']!r}. Fix: drop the argument."
             )
         tfra_kwargs.pop("with_unique", None)
+        asked = {"min_count": min_count > 1, "max_age_steps": max_age_steps is not None,
+                 "max_rows": max_rows is not None, "spill_dir": spill_dir is not None}
+        needs_tfra = [name for name in _TFRA_ONLY if asked[name]] + sorted(tfra_kwargs)
+        self.store = _pick_store(table, type(self).__name__, needs_tfra)
+        if self.store == "native":
+            self._init_native(output_dim, key_dtype, initializer, wire)
+            return
         de = _tfra.tfra(type(self).__name__)
+        # How the Model hooks of the door recognise a TFRA-backed layer without importing this module.
+        setattr(self, _tfra.HASH_TABLE_LAYER_ATTR, True)
         _exact_tables.install_tfra_optimizer_hook()
         _shadows.install_per_worker_shadows()
         self.output_dim = int(output_dim)
@@ -228,13 +271,124 @@ class DynamicEmbedding(_keras.layers.Layer):
                         "spill_dir": None if spill_dir is None else str(spill_dir),
                         "wire_dtype": None if wire is None else wire.name}
 
+    # --- tf_psx's own tables (`table="native"`) ---
+
+    def _init_native(self, output_dim, key_dtype, initializer, wire) -> None:
+        if isinstance(initializer, (str, dict)):
+            initializer = _keras.initializers.get(initializer)
+        self.output_dim = int(output_dim)
+        self.key_dtype = key_dtype
+        self.wire_dtype = wire
+        self.policy = None
+        self._init_spec = _native.initializer_spec(initializer, type(self).__name__, DEFAULT_INIT_STDDEV)
+        self._seed = self._init_spec[3] if self._init_spec[3] is not None else _native.layer_seed(self.name)
+        self._rule = None
+        self.native_table = None
+        self._config = {"wire_dtype": None if wire is None else wire.name, "table": "native"}
+        # The optimizer's update of the anchor is this table's update (tf_psx.tables.updates).
+        _exact_updates.install()
+        from tf_psx import exact_compile  # pylint: disable=import-outside-toplevel
+
+        exact_compile.install_compile_warning()
+
+    def build(self, input_shape):
+        if self.store == "native" and self.native_table is None:
+            # The gradient of every lookup reaches the optimizer as this scalar's (keys as indices).
+            self.anchor = self.add_weight(name="table_anchor", shape=(), initializer="zeros", trainable=True)
+            _exact_updates.register_table_anchor(self.anchor, self._apply_gradient)
+            self._make_table(slots=0)
+        super().build(input_shape)
+
+    def _make_table(self, slots: int) -> None:
+        devices = _ps_devices() or [None]
+        self.native_table = _native.NativeTable(f"{self.name}_table", self.output_dim, slots, devices)
+
+    def rule_for(self, optimizer):
+        """The `TableRule` of `optimizer`; the table is laid out for its slots first (`attach_optimizer`)."""
+        if self._rule is None or self._rule.optimizer is not optimizer:
+            self.attach_optimizer(optimizer)
+        return self._rule
+
+    def _apply_gradient(self, optimizer, gradient):
+        return _table_updates.table_update(self, optimizer, gradient)
+
+    def initial_rows(self, keys):
+        """The rows [n, output_dim] a new key starts from: the initializer drawn for that key (native tables)."""
+        return _native.draw_rows(keys, self.output_dim, self._init_spec, self._seed)
+
+    def _relayout(self, slots: int) -> None:
+        """The table with `slots` optimizer slots per key: rows and updates kept, slots started afresh."""
+        old = self.native_table
+        keys, values = old.export()
+        self._make_table(slots)
+        if keys.size:
+            dim = self.output_dim
+            fresh = self._rule.initial_slots(len(keys), dim).numpy() if slots else np.zeros([len(keys), 0], np.float32)
+            packed = np.concatenate([values[:, :dim], fresh, values[:, -_native.BOOKKEEPING:]], axis=1)
+            self.native_table.import_values(keys, packed)
+
     def attach_optimizer(self, optimizer) -> None:
-        """Called by `Model.compile`: the optimizer whose `iterations` ages this table's rows."""
+        """Called by `Model.compile`: the optimizer that trains this table (native: checked, the table laid out for it)."""
+        if self.store == "native":
+            if not self.built:
+                return
+            self._rule = _table_updates.TableRule.for_optimizer(optimizer, type(self).__name__)
+            if self.native_table.slots != self._rule.slots:
+                with tf.init_scope():
+                    self._relayout(self._rule.slots)
+            return
         if self.policy is not None:
             self.policy.attach_optimizer(optimizer)
 
+    def _native_call(self, keys, training):
+        flat = tf.reshape(keys, [-1])
+        with tf.control_dependencies([_native.check_keys(flat)]):
+            unique, position = tf.unique(flat)
+        rows, exists = self.native_table.find_rows(unique, self.wire_dtype)
+        if training is False:
+            rows = tf.where(tf.reshape(exists, [-1, 1]), rows, tf.fill(tf.shape(rows), UNSEEN_KEY_DEFAULT))
+        else:
+            absent = tf.where(tf.logical_not(exists))
+            drawn = self.initial_rows(tf.gather_nd(unique, absent))
+            if self.wire_dtype is not None:  # read as the table's rows are: through the wire
+                drawn = tf.cast(tf.cast(drawn, self.wire_dtype), tf.float32)
+            rows = tf.tensor_scatter_nd_update(rows, absent, drawn)
+            rows = _to_anchor(rows, self.anchor.read_value(), unique)
+        out = tf.gather(rows, position)
+        return tf.reshape(out, tf.concat([tf.shape(keys), [self.output_dim]], axis=0))
+
+    def export(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys [n] int64, rows [n, output_dim] float32) of every key in the table, sorted by key, as numpy.
+
+        The rows a lookup reads (no optimizer slots, no bookkeeping), from
+        any process that holds the model (the coordinator reads them from
+        the ps tasks). String keys are returned as their int64 hashes
+        (`table_keys`).
+
+        Example:
+
+        >>> import tf_psx, tensorflow as tf
+        >>> layer = tf_psx.layers.DynamicEmbedding(2, initializer="ones", table="native")
+        >>> model = tf.keras.Sequential([tf.keras.Input((2,), dtype="int64"), layer])
+        >>> model.compile(tf.keras.optimizers.SGD(0.5), loss=lambda y, p: tf.reduce_sum(p, axis=[1, 2]))
+        >>> _ = model.fit(tf.constant([[3, 9]], tf.int64), tf.zeros([1]), verbose=0)
+        >>> keys, rows = layer.export()  # each row: 1 - 0.5 * 1 (the loss is the sum of the rows)
+        >>> keys.tolist(), rows.tolist(), layer.size()
+        ([3, 9], [[0.5, 0.5], [0.5, 0.5]], 2)
+        """
+        if self.store != "native":
+            keys, rows = self.table.export()
+            keys, rows = keys.numpy().reshape(-1), rows.numpy()
+            order = np.argsort(keys, kind="stable")
+            return keys[order], rows[order]
+        if self.native_table is None:
+            return np.zeros([0], np.int64), np.zeros([0, self.output_dim], np.float32)
+        return self.native_table.export(columns=self.output_dim)
+
     def call(self, inputs, training=None):
         keys = table_keys(inputs, self.key_dtype)
+        if self.store == "native":
+            return self._native_call(keys, training)
         if training is False:
             # evaluate/predict: a lookup only, and a key never trained reads
             # the same row as in the exported model. None stays the training
@@ -266,11 +420,18 @@ class DynamicEmbedding(_keras.layers.Layer):
 
     @property
     def table(self):
-        """The TFRA `dynamic_embedding.Variable` behind the layer."""
+        """The TFRA `dynamic_embedding.Variable` behind the layer (`table="tfra"`)."""
+        if self.store == "native":
+            raise StateError(
+                f"DynamicEmbedding {self.name} keeps its rows in tf_psx's own tables, not TFRA's: it has no "
+                "`table` (a TFRA Variable). Received: table=\"native\". Fix: read rows with layer.export() and "
+                "count them with layer.size(); pass table=\"tfra\" for a TFRA table.")
         return self.embedding.params
 
     def size(self) -> int:
-        """Rows in the table (keys seen so far), summed over every ps task."""
+        """Rows in the table (keys trained so far), summed over every ps task."""
+        if self.store == "native":
+            return 0 if self.native_table is None else int(self.native_table.size())
         return int(self.table.size())
 
     def get_config(self):
@@ -279,5 +440,20 @@ class DynamicEmbedding(_keras.layers.Layer):
         return config
 
 
-# How the Model hooks of the door recognise this layer without importing it.
-setattr(DynamicEmbedding, _tfra.HASH_TABLE_LAYER_ATTR, True)
+def _to_anchor(rows, anchor_value, keys):
+    """`rows`, whose gradient reaches `anchor_value` (the anchor's read) as an IndexedSlices keyed by `keys`."""
+
+    @tf.custom_gradient
+    def attach(rows, anchor_value):
+        def gradient(upstream):
+            upstream = tf.convert_to_tensor(upstream)
+            shape = tf.stack([tf.constant(_KEY_SPACE, tf.int64), tf.shape(upstream, out_type=tf.int64)[1]])
+            return None, tf.IndexedSlices(upstream, keys, shape)
+
+        del anchor_value
+        return tf.identity(rows), gradient
+
+    return attach(rows, anchor_value)
+
+
+

@@ -1,0 +1,29 @@
+"""Hash tables: tf_psx's own tables on TensorFlow's ops, their updates, and the lifecycle of TFRA-backed tables.
+
+* `tf_psx.tables.native`: the storage (one `DenseHashTable` per ps task, a
+  key's row, optimizer slots and bookkeeping in one value), the key
+  partition and the per-key initial rows.
+* `tf_psx.tables.updates`: a step's update of a table, per shard on its ps
+  task under its lock, with the optimizers' rules.
+* `tf_psx.tables.lifecycle`: admission, eviction, the disk tier and the
+  resharded restore of TFRA-backed `DynamicEmbedding` tables (its names are
+  re-exported here: `tf_psx.tables.TablePolicy`, ...).
+
+The layer itself is `tf_psx.layers.DynamicEmbedding`. Importing this
+package imports TensorFlow.
+"""
+
+from tf_psx.tables.lifecycle import (  # noqa: F401
+    SPILLED,
+    DiskTier,
+    EvictionReport,
+    TablePolicy,
+    carry_step_counters,
+    hash_table_layers,
+    restore_tables,
+    seed_policies,
+    slot_tables,
+)
+
+__all__ = ["TablePolicy", "DiskTier", "EvictionReport", "SPILLED", "restore_tables", "seed_policies", "slot_tables",
+           "hash_table_layers", "carry_step_counters"]
