@@ -205,7 +205,8 @@ def tfra_param(*values, **kwargs):
 
 
 def layers_here(*layers: str) -> tuple:
-    """`layers` (names a test script takes) without "dynamic" where TFRA is absent: DynamicEmbedding needs it."""
+    """`layers` (names a test script takes) without "dynamic" where TFRA is absent: DynamicEmbedding on TFRA's
+    tables needs it ("native", DynamicEmbedding on tf_psx's own tables, runs on both stacks)."""
     return tuple(layer for layer in layers if layer != "dynamic" or _tfra_installed())
 
 
@@ -218,9 +219,9 @@ def _stack_problem(item) -> str | None:
     return None
 
 
-# Modules whose doctests build TFRA tables (DynamicEmbedding in this release): marked `tfra`.
-TFRA_DOCTEST_MODULES = ("tf_psx.layers.hash_table", "tf_psx.layers.fused.DynamicFeatureEmbeddings",
-                        "tf_psx.callbacks.table_eviction", "tf_psx.tables")
+# Modules whose doctests build TFRA tables (admission, eviction, DynamicFeatureEmbeddings in this release): marked `tfra`.
+TFRA_DOCTEST_MODULES = ("tf_psx.layers.fused.DynamicFeatureEmbeddings", "tf_psx.callbacks.table_eviction",
+                        "tf_psx.tables.lifecycle")
 
 
 def _skip_for_stack(item) -> None:

@@ -99,6 +99,11 @@ def _table_update_of(optimizer, variable):
     return _TABLE_ANCHORS.get(_door.var_key(optimizer, variable))
 
 
+def is_table_anchor(optimizer, variable) -> bool:
+    """True for the anchor of a native hash table (its gradient is keyed by table keys)."""
+    return _table_update_of(optimizer, variable) is not None
+
+
 def _applies(optimizer, variable) -> bool:
     if _table_update_of(optimizer, variable) is not None:
         return True

@@ -100,6 +100,59 @@ class SparseAccumulator:
                         self.marks.scatter_update(tf.IndexedSlices(tf.zeros(tf.shape(touched), tf.int32), touched)))
 
 
+class KeyedAccumulator:
+    """Sums a native hash table's gradient rows per key (tf_psx.tables), in a `DenseHashTable` beside its anchor.
+
+    The table's gradient is an `IndexedSlices` keyed by table keys (any
+    int64), so the sums are kept per key; the apply gives the table's
+    update (tf_psx.tables.updates) the mean per key, which then reads every
+    row afresh on its shard.
+    """
+
+    def __init__(self, anchor):
+        self.variable = anchor
+        self._keys = None
+        self.sums = None
+        self._device = anchor.device
+        # No journal: its rows live in a hash table (an arrival cut off midway counts as "unsure").
+        self.writes = []
+        self.scope = lambda: tf.device(anchor.device)
+
+    def _table(self, width):
+        if self.sums is None:
+            from tf_psx.tables import native  # pylint: disable=import-outside-toplevel
+
+            with tf.init_scope(), tf.device(self._device):
+                self.sums = tf.lookup.experimental.DenseHashTable(
+                    tf.int64, tf.float32, default_value=tf.zeros([width], tf.float32), empty_key=native.EMPTY_KEY,
+                    deleted_key=native.DELETED_KEY, name="tf_psx_sync_sums")
+            self._width = width
+        return self.sums
+
+    def add(self, gradient):
+        keys = tf.reshape(tf.cast(gradient.indices, tf.int64), [-1])
+        values = tf.convert_to_tensor(gradient.values)
+        sums = self._table(int(values.shape[-1]))
+        keys, position = tf.unique(keys)
+        values = tf.math.unsorted_segment_sum(values, position, tf.shape(keys)[0])
+        # Under the sync lock: nothing else writes the sums in between.
+        return sums.insert(keys, sums.lookup(keys) + values)
+
+    def mean(self, count):
+        from tf_psx.tables import native  # pylint: disable=import-outside-toplevel
+
+        keys, summed = self.sums.export()
+        keys = tf.reshape(keys, [-1])
+        live = tf.logical_and(tf.not_equal(keys, native.EMPTY_KEY), tf.not_equal(keys, native.DELETED_KEY))
+        keys, summed = tf.boolean_mask(keys, live), tf.boolean_mask(summed, live)
+        self._keys = keys
+        shape = tf.constant([2**63 - 1, self._width], tf.int64)
+        return tf.IndexedSlices(summed / tf.cast(count, summed.dtype), keys, shape), []
+
+    def clear(self):
+        return self.sums.erase(self._keys)
+
+
 class TableAccumulator:
     """Sums a TFRA table's gradient rows per key, in a hash table of its own on the sync state's ps task."""
 

@@ -79,7 +79,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import step_once as _step_once, sync_accumulators as _accumulators
+from tf_psx import exact_updates as _exact, step_once as _step_once, sync_accumulators as _accumulators
 from tf_psx._tf import exact_updates as _optimizer_door, runtime as _runtime
 from tf_psx._tf import step_tokens as _tokens, sync_training as _door, tfra as _tfra
 from tf_psx.errors import SyncStepError
@@ -312,7 +312,9 @@ class SyncController:
         key = (id(optimizer), _optimizer_door.var_key(optimizer, variable))
         accumulator = self._accumulators.get(key)
         if accumulator is None:
-            if _tfra.is_tfra_shadow(variable):
+            if _exact.is_table_anchor(optimizer, variable):
+                accumulator = _accumulators.KeyedAccumulator(variable)
+            elif _tfra.is_tfra_shadow(variable):
                 accumulator = _accumulators.TableAccumulator(variable, self.state)
             elif isinstance(gradient, tf.IndexedSlices):
                 accumulator = _accumulators.SparseAccumulator(self.strategy, variable)

@@ -1,4 +1,4 @@
-"""What a user without TFRA (the newest stack) gets from a TFRA part: an error naming the extra and its stack."""
+"""What a user without TFRA (the newest stack) gets: tf_psx's own hash tables, and for a TFRA part an error naming the extra and its stack."""
 
 from __future__ import annotations
 
@@ -10,12 +10,23 @@ from tf_psx.errors import TFRAMissingError
 pytestmark = [pytest.mark.unit, pytest.mark.no_tfra]
 
 
-def test_dynamic_embedding_without_tfra_names_the_extra_and_the_stack():
+def test_dynamic_embedding_without_tfra_keeps_its_rows_in_tf_psx_tables():
+    layer = tf_psx.layers.DynamicEmbedding(4)
+    assert layer.store == "native"
+
+
+def test_a_table_store_that_needs_tfra_names_the_extra_and_the_stack():
     with pytest.raises(TFRAMissingError, match=r"DynamicEmbedding needs tensorflow-recommenders-addons") as caught:
-        tf_psx.layers.DynamicEmbedding(4)
+        tf_psx.layers.DynamicEmbedding(4, table="tfra")
     message = str(caught.value)
     assert 'pip install "tf-psx[tfra]"' in message and "TensorFlow 2.16.2" in message and "make install-tfra" in message
     assert isinstance(caught.value, RuntimeError)
+
+
+def test_admission_without_tfra_names_the_tfra_store():
+    with pytest.raises(ValueError, match=r"Argument\(s\) min_count, max_rows of DynamicEmbedding need TFRA's tables "
+                                         r"in this release.*Received: table='native'.*Fix: install the TFRA stack"):
+        tf_psx.layers.DynamicEmbedding(4, min_count=2, max_rows=10)
 
 
 def test_everything_else_imports_without_tfra():

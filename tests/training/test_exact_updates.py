@@ -25,7 +25,8 @@ from conftest import layers_here, run_script, script_results, tfra_param
 
 pytestmark = pytest.mark.unit
 
-LAYERS = layers_here("sharded", "stock", "dynamic")  # DynamicEmbedding on the TFRA stack (conftest)
+# DynamicEmbedding on TFRA's tables on the TFRA stack (conftest), and on tf_psx's own ("native") on both.
+LAYERS = layers_here("sharded", "stock", "dynamic", "native")
 OPTIMIZERS = ("sgd", "sgd_momentum", "adagrad", "adam", "lazyadam", "psx_sgd", "psx_sgd_momentum")
 STEPS = 40
 # The target: the share of the true move is 1.0000 and no row is off
@@ -39,7 +40,7 @@ def _check(results: list[dict], expected_pairs: int) -> None:
         assert result["steps"] == STEPS, result
         assert abs(result["share"] - 1.0) <= TOLERANCE, result
         assert result["max_row_error"] <= TOLERANCE, result
-        if result["layer"] == "dynamic":
+        if result["layer"] in ("dynamic", "native"):
             # The hash table holds exactly the keys trained.
             assert result["keys"] == result["keys_trained"], result
             if result["exact_updates"] and "min_count" not in result:

@@ -36,7 +36,7 @@ EQUIVALENCE_TOLERANCE = 1e-5
 def test_sync_step_equals_one_step_of_the_concatenated_batches():
     # 61 batches on 2 workers: 30 steps of 2 and a flushed tail of 1. Both layers with
     # LazyAdam here; both layers with Adagrad in the schedule test below.
-    layers = layers_here("sharded", "dynamic")
+    layers = layers_here("sharded", "dynamic", "native")
     results = script_results(run_script("sync_equivalence.py", "--layer", *layers,
                                   "--optimizer", "lazyadam", "--batches", "61"))
     assert len(results) == len(layers)
@@ -60,8 +60,8 @@ def test_learning_rate_schedules_follow_applied_steps(schedule, layer):
 @pytest.mark.smoke
 def test_fit_with_steps_per_execution_matches_the_closed_form():
     steps = 41
-    # Both layers with Adagrad; LazyAdam's sync step is checked by the equivalence test above.
-    layers = layers_here("sharded", "dynamic")
+    # Each layer with Adagrad (the hash table on TFRA's store where installed and on tf_psx's own); LazyAdam's sync step is checked by the equivalence test above.
+    layers = layers_here("sharded", "dynamic", "native")
     results = script_results(run_script("exact_updates.py", "--layer", *layers, "--optimizer", "adagrad",
                                   "--workers", "2", "--steps", str(steps), "--spe", "2", "--sync"))
     assert len(results) == len(layers)

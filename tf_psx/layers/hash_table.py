@@ -352,7 +352,7 @@ class DynamicEmbedding(_keras.layers.Layer):
             drawn = self.initial_rows(tf.gather_nd(unique, absent))
             if self.wire_dtype is not None:  # read as the table's rows are: through the wire
                 drawn = tf.cast(tf.cast(drawn, self.wire_dtype), tf.float32)
-            rows = tf.tensor_scatter_nd_update(rows, absent, drawn)
+            rows = tf.reshape(tf.tensor_scatter_nd_update(rows, absent, drawn), [-1, self.output_dim])
             rows = _to_anchor(rows, self.anchor.read_value(), unique)
         out = tf.gather(rows, position)
         return tf.reshape(out, tf.concat([tf.shape(keys), [self.output_dim]], axis=0))
@@ -446,7 +446,7 @@ def _to_anchor(rows, anchor_value, keys):
     @tf.custom_gradient
     def attach(rows, anchor_value):
         def gradient(upstream):
-            upstream = tf.convert_to_tensor(upstream)
+            upstream = tf.reshape(tf.convert_to_tensor(upstream), [-1, rows.shape[-1]])
             shape = tf.stack([tf.constant(_KEY_SPACE, tf.int64), tf.shape(upstream, out_type=tf.int64)[1]])
             return None, tf.IndexedSlices(upstream, keys, shape)
 

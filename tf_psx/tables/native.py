@@ -218,7 +218,7 @@ class NativeTable(tf.Module):
         else:
             row = tf.dynamic_stitch(positions, rows)
             present = tf.dynamic_stitch(positions, exists)
-        return tf.cast(row, tf.float32), present
+        return tf.reshape(tf.cast(row, tf.float32), [-1, self.dim]), tf.reshape(present, [-1])
 
     def size(self):
         """The keys stored, over every shard (an int64 tensor)."""

@@ -165,7 +165,7 @@ class _Journal:
 
     def __init__(self, table, index: int, device: str):
         name = f"native_journal/{table.name}/{index}"
-        self.shard, self.device = table.shards[index], device
+        self.shard, self.device, self.width = table.shards[index], device, table.width
         self.token = _shadows.TaskBuffer(device, f"{name}/token", tf.int64)
         self.keys = _shadows.TaskBuffer(device, f"{name}/keys", tf.int64)
         self.values = _shadows.TaskBuffer(device, f"{name}/values", tf.float32)
@@ -176,7 +176,8 @@ class _Journal:
 
     def roll_back(self, pending):
         def undo():
-            keys, values = self.keys.read(), self.values.read()
+            keys = tf.reshape(self.keys.read(), [-1])
+            values = tf.reshape(self.values.read(), [-1, self.width])
             existed = _native.updates_of(values) > 0
             writes = [self.shard.insert(tf.boolean_mask(keys, existed), tf.boolean_mask(values, existed)),
                       self.shard.erase(tf.boolean_mask(keys, tf.logical_not(existed)))]
