@@ -1,5 +1,8 @@
-"""save DIR: train a DynamicEmbedding model with Adam and checkpoint it (tables + slots).
-restore DIR: build the same model in a fresh process, restore, compare rows and slots."""
+"""save DIR [STORE]: train a DynamicEmbedding model with Adam and checkpoint it (tables + slots).
+restore DIR [STORE]: build the same model in a fresh process, restore, compare rows and slots.
+
+STORE: the layer's `table` ("tfra" by default; "native": tf_psx's own tables, whose one value per key
+holds the row, both Adam slots and the bookkeeping)."""
 
 import os
 import sys
@@ -10,6 +13,7 @@ import tf_psx  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 mode, directory = sys.argv[1], sys.argv[2]
+store = sys.argv[3] if len(sys.argv) > 3 else "tfra"
 rng = np.random.default_rng(0)
 vocab = (10**12 + rng.choice(10**9, size=40, replace=False)).astype(np.int64)
 keys = vocab[rng.integers(0, 40, size=(256, 5))]
@@ -17,13 +21,17 @@ keys[:40, 0] = vocab  # every key is trained at least once
 labels = (keys[:, 1] % 2).astype(np.float32)
 
 inputs = tf.keras.Input((5,), dtype=tf.int64)
-layer = tf_psx.layers.DynamicEmbedding(4, name="items")
+layer = tf_psx.layers.DynamicEmbedding(4, name="items", table=store)
 model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, activation="sigmoid")(tf.keras.layers.Flatten()(layer(inputs))))
 model.compile(tf.keras.optimizers.Adam(0.05), "binary_crossentropy")
 checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
 
 
 def state():
+    if store == "native":
+        keys, values = layer.native_table.export()
+        assert np.array_equal(keys, np.sort(vocab))
+        return [values[:, :4], values[:, 4:8], values[:, 8:12]]  # the row, Adam's m and v
     rows = layer.table.lookup(tf.constant(vocab)).numpy()
     slots = [s.lookup(tf.constant(vocab)).numpy() for s in layer.table.get_slot_variables(model.optimizer)]
     return [rows] + slots
