@@ -250,8 +250,8 @@ def _copy_weights(source, target, owners: dict[int, Any]) -> int:
     exported_keys = 0
     for src, dst in zip(source.layers, target.layers):
         if isinstance(src, DynamicEmbedding):
-            keys, values = src.table.export()
-            dst.table.insert(tf.identity(keys), tf.cast(values, tf.float32))
+            keys, values = src.export()  # the rows a lookup reads, either store (TFRA's or tf_psx's own)
+            dst.table.insert(tf.constant(keys, tf.int64), tf.constant(values, tf.float32))
             exported_keys += int(keys.shape[0])
             continue
         if isinstance(src, _keras.Model) and isinstance(dst, _keras.Model) and getattr(src, "_is_graph_network", False):

@@ -98,7 +98,7 @@ def served(trained, tmp_path_factory):
 
 
 @pytest.mark.cluster
-@pytest.mark.tfra
+@pytest.mark.smoke  # DynamicEmbedding on tf_psx's own tables here, on TFRA's on the TFRA stack
 def test_trained_on_ps_serves_in_a_fresh_process_with_the_same_predictions(trained, served):
     model, train_x = trained
     path, tmp_path, inputs, outputs, report = served
@@ -132,7 +132,7 @@ def test_trained_on_ps_serves_in_a_fresh_process_with_the_same_predictions(train
 
 
 @pytest.mark.cluster
-@pytest.mark.tfra
+@pytest.mark.smoke
 def test_unseen_dynamic_keys_serve_zero_rows(trained, served):
     model, _ = trained
     _, _, inputs, outputs, _ = served

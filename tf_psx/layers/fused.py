@@ -260,7 +260,9 @@ class DynamicFeatureEmbeddings(DynamicEmbedding):
     def call(self, inputs, training=None):
         check_feature_dict("DynamicFeatureEmbeddings", self.name, inputs, self.features)
         keys, sizes = fold_feature_keys(inputs, self.features, self.key_dtype)
-        if training is False:
+        if self.store == "native":
+            rows = self._native_call(keys, training)
+        elif training is False:
             rows = self._lookup_only(keys)
         elif self.policy is None:
             rows = self.embedding(keys)
