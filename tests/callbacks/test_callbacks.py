@@ -23,7 +23,7 @@ from tf_psx import callbacks as cb
 from tf_psx.callbacks import probe
 from tf_psx.snapshots import engine
 
-from conftest import run_script
+from conftest import run_script, tfra_param
 
 pytestmark = pytest.mark.unit
 
@@ -471,12 +471,14 @@ def _report(result):
 
 
 @pytest.mark.processes
-@pytest.mark.tfra
-def test_interrupted_run_resumes_at_the_last_snapshot_and_matches_an_uninterrupted_one(tmp_path):
-    full = _report(run_script("callbacks_resume.py", "full", str(tmp_path / "unused"), str(tmp_path / "full.npz")))
-    crashed = run_script("callbacks_resume.py", "interrupt", str(tmp_path / "snap"), str(tmp_path / "x.npz"))
+@pytest.mark.parametrize("store", [tfra_param("tfra"), pytest.param("native", marks=pytest.mark.smoke)])
+def test_interrupted_run_resumes_at_the_last_snapshot_and_matches_an_uninterrupted_one(tmp_path, store):
+    full = _report(run_script("callbacks_resume.py", "full", str(tmp_path / "unused"), str(tmp_path / "full.npz"),
+                              store))
+    crashed = run_script("callbacks_resume.py", "interrupt", str(tmp_path / "snap"), str(tmp_path / "x.npz"), store)
     assert crashed.returncode == 3 and "killed at step 70" in crashed.stdout, crashed.stderr[-3000:]
-    resumed = _report(run_script("callbacks_resume.py", "resume", str(tmp_path / "snap"), str(tmp_path / "res.npz")))
+    resumed = _report(run_script("callbacks_resume.py", "resume", str(tmp_path / "snap"), str(tmp_path / "res.npz"),
+                                 store))
 
     assert resumed["restored_step"] == 60
     # steps_per_execution=5: the first execution after the resume ends at step 65.

@@ -8,6 +8,9 @@ batches as an uninterrupted one if it skips s batches.
 * full: no callback, 100 steps; saves the final weights.
 * interrupt: PeriodicSync every 20 steps; the process dies (os._exit) at step 70.
 * resume: same fit with PeriodicSync; it must restore step 60 and run 40 steps.
+
+A fourth argument, STORE, is the DynamicEmbedding's `table` ("tfra" by default; "native": tf_psx's own
+tables, whose saved arrays are each key's whole value: row, Adam's slots and the bookkeeping).
 """
 
 import json
@@ -22,6 +25,7 @@ from step_counter import StepCounter  # noqa: E402
 from tf_psx._tf import tfra as _tfra  # noqa: E402
 
 mode, directory, out = sys.argv[1], sys.argv[2], sys.argv[3]
+store = sys.argv[4] if len(sys.argv) > 4 else "tfra"
 EPOCHS, STEPS, EVERY, KILL_AT, BATCH, FIELDS, SPE = 5, 20, 20, 70, 16, 4, 5
 KEYS = 10**12 + np.arange(50, dtype=np.int64) * 7919
 
@@ -49,7 +53,7 @@ with tf_psx.LocalCluster(num_workers=1, num_ps=2) as cluster:
         static = tf.keras.layers.Embedding(
             50, 4, embeddings_initializer=tf.keras.initializers.RandomUniform(-0.1, 0.1, seed=1), name="static")(ids)
         dynamic = tf_psx.layers.DynamicEmbedding(
-            4, initializer=tf.keras.initializers.Constant(0.05), name="dynamic")(keys)
+            4, initializer=tf.keras.initializers.Constant(0.05), name="dynamic", table=store)(keys)
         hidden = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(static), tf.keras.layers.Flatten()(dynamic)])
         output = tf.keras.layers.Dense(1, activation="sigmoid",
                                        kernel_initializer=tf.keras.initializers.GlorotUniform(seed=2))(hidden)
@@ -71,14 +75,19 @@ with tf_psx.LocalCluster(num_workers=1, num_ps=2) as cluster:
     model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=EPOCHS, steps_per_epoch=STEPS,
               callbacks=callbacks, verbose=0)
     dynamic_layer = model.get_layer("dynamic")
-    table = dynamic_layer.table.lookup(tf.constant(KEYS)).numpy()
-    slots = [s.lookup(tf.constant(KEYS)).numpy() for s in dynamic_layer.table.get_slot_variables(model.optimizer)]
-    # TFRA's per-worker lookup buffers (ShadowVariable and its optimizer
-    # slots) are scratch space whose shape follows the last batch: left out.
-    de = _tfra.tfra()
-    dense_state = [v for v in model.weights + model.optimizer.variables
-                   if not isinstance(v, (de.shadow_ops.ShadowVariable, de.TrainableWrapper))
-                   and "shadow" not in v.name.lower()]
+    if store == "native":
+        keys, values = dynamic_layer.native_table.export()
+        table, slots = values[:, :4], [values[:, 4:8], values[:, 8:12], values[:, 12:], keys]
+        dense_state = list(model.weights + model.optimizer.variables)
+    else:
+        table = dynamic_layer.table.lookup(tf.constant(KEYS)).numpy()
+        slots = [s.lookup(tf.constant(KEYS)).numpy() for s in dynamic_layer.table.get_slot_variables(model.optimizer)]
+        # TFRA's per-worker lookup buffers (ShadowVariable and its optimizer
+        # slots) are scratch space whose shape follows the last batch: left out.
+        de = _tfra.tfra()
+        dense_state = [v for v in model.weights + model.optimizer.variables
+                       if not isinstance(v, (de.shadow_ops.ShadowVariable, de.TrainableWrapper))
+                       and "shadow" not in v.name.lower()]
     arrays = {f"v{i}": v.numpy() for i, v in enumerate(dense_state)}
     arrays.update(table=table, **{f"slot{i}": s for i, s in enumerate(slots)})
     np.savez(out, **arrays)

@@ -268,7 +268,7 @@ class ClusterMonitor(_RunCallback):
                 row_bytes = component.shape[1:].num_elements() * component.dtype.size
                 per_ps[task] += touched * int(component.shape[0]) / max(rows_of[name], 1) * row_bytes
         for name, layer in self._probe.embedding_rows.items():
-            if isinstance(layer, int):
+            if isinstance(layer, int) or layer.store == "native":  # native tables: rows only (`_table_values`)
                 continue
             table_var = layer.table
             touched = (totals["rows"][name] - before["rows"][name]) / steps
@@ -363,7 +363,7 @@ class ClusterMonitor(_RunCallback):
     def _tfra_variables(self) -> list:
         tables = []
         for rows in self._probe.embedding_rows.values():
-            if isinstance(rows, int):
+            if isinstance(rows, int) or rows.store == "native":
                 continue
             table = rows.table
             tables.append(table)
@@ -433,9 +433,9 @@ def _prometheus_samples(values: dict[str, float], steps: int) -> list:
 def _table_values(model) -> dict[str, float]:
     """ClusterMonitor's `tables/...` tags."""
     values = {}
-    for layer in _tables.hash_table_layers(model):
+    for layer in _tables.table_layers(model):
         values[f"tables/{layer.name}/rows"] = float(layer.size())
-        if layer.policy is not None:
+        if getattr(layer, "policy", None) is not None:
             values[f"tables/{layer.name}/rows_evicted"] = float(layer.policy.rows_evicted)
             values[f"tables/{layer.name}/rows_spilled"] = float(layer.policy.rows_spilled)
     return values

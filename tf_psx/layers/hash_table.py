@@ -305,8 +305,8 @@ class DynamicEmbedding(_keras.layers.Layer):
 
     def rule_for(self, optimizer):
         """The `TableRule` of `optimizer`; the table is laid out for its slots first (`attach_optimizer`)."""
-        if self._rule is None or self._rule.optimizer is not optimizer:
-            self.attach_optimizer(optimizer)
+        if self._rule is None or self._rule.optimizer is not optimizer or self.native_table.slots != self._rule.slots:
+            self.attach_optimizer(optimizer)  # also after a restore of another layout
         return self._rule
 
     def _apply_gradient(self, optimizer, gradient):

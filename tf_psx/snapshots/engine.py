@@ -196,15 +196,15 @@ class SnapshotEngine:
             job, task = getattr(resolver, "task_type", None) or "chief", getattr(resolver, "task_id", None) or 0
             device = f"/job:{job}/replica:0/task:{task}/device:CPU:0"
             self.options = tf.train.CheckpointOptions(experimental_io_device=device)
-        if self.delta_every_n_steps is not None and _tables.hash_table_layers(model):
-            names = ", ".join(layer.name for layer in _tables.hash_table_layers(model))
+        if self.delta_every_n_steps is not None and _tables.table_layers(model):
+            names = ", ".join(layer.name for layer in _tables.table_layers(model))
             raise ArgumentError(
                 f"PeriodicSync(delta_every_n_steps={self.delta_every_n_steps}) cannot write delta snapshots of model "
                 f"{model.name}: its DynamicEmbedding layers ({names}) are hash tables, which have no row index to "
                 "find the changed rows by. Fix: pass delta_every_n_steps=None (full snapshots only, e.g. more "
                 "often with background=True), or use tf_psx.layers.ShardedEmbedding for these features.")
         self._background = self.background
-        if self._background and _tables.hash_table_layers(model):
+        if self._background and _tables.table_layers(model):
             logger.info("PeriodicSync: model %s holds DynamicEmbedding tables, which TF's async checkpoint does not "
                         "copy; its snapshots are written synchronously", model.name)
             self._background = False

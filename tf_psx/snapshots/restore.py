@@ -137,7 +137,8 @@ def _required_state(model) -> list:
         required.setdefault(id(owner), owner)
     for layer in model.submodules:
         if isinstance(layer, DynamicEmbedding):
-            required.setdefault(id(layer.table), layer.table)
+            table = layer.native_table if layer.store == "native" else layer.table
+            required.setdefault(id(table), table)
     return list(required.values())
 
 

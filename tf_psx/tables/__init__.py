@@ -23,7 +23,8 @@ from tf_psx.tables.lifecycle import (  # noqa: F401
     restore_tables,
     seed_policies,
     slot_tables,
+    table_layers,
 )
 
 __all__ = ["TablePolicy", "DiskTier", "EvictionReport", "SPILLED", "restore_tables", "seed_policies", "slot_tables",
-           "hash_table_layers", "carry_step_counters"]
+           "hash_table_layers", "carry_step_counters", "table_layers"]

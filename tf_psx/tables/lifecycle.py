@@ -47,7 +47,7 @@ from tf_psx._tf import tfra as _tfra
 from tf_psx.errors import DataError
 
 __all__ = ["TablePolicy", "DiskTier", "EvictionReport", "SPILLED", "restore_tables", "seed_policies", "slot_tables",
-           "hash_table_layers"]
+           "hash_table_layers", "table_layers"]
 
 logger = logging.getLogger("tf_psx")
 
@@ -417,8 +417,14 @@ class DiskTier:
 # -- restore onto another number of ps tasks ----------------------------------------
 
 def hash_table_layers(model) -> list:
-    """The DynamicEmbedding layers of `model` (any depth)."""
+    """The DynamicEmbedding layers of `model` (any depth) on TFRA's tables."""
     return [layer for layer in model.submodules if getattr(layer, _tfra.HASH_TABLE_LAYER_ATTR, False)]
+
+
+def table_layers(model) -> list:
+    """Every DynamicEmbedding layer of `model` (any depth), on either store (TFRA's tables or tf_psx's own)."""
+    return [layer for layer in model.submodules if getattr(layer, "store", None) in ("native", "tfra")
+            and hasattr(layer, "export") and hasattr(layer, "size")]
 
 
 def slot_tables(layer) -> list:

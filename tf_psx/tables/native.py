@@ -46,6 +46,7 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
+from tf_psx._tf import checkpoint as _checkpoint
 from tf_psx.errors import ArgumentError
 
 __all__ = ["NativeTable", "draw_rows", "initializer_spec", "shard_of", "EMPTY_KEY", "DELETED_KEY",
@@ -157,8 +158,14 @@ def draw_rows(keys, dim: int, spec: tuple, seed: int):
     return a + b * tf.math.ndtri(uniform)
 
 
-class NativeTable(tf.Module):
+class NativeTable(_checkpoint.SavedWhole):
     """One embedding table as `DenseHashTable` shards, one per device; keys int64.
+
+    A checkpoint holds the table whole: every stored key and its value
+    (row, slots, bookkeeping), whatever the number of shards, so it restores
+    onto any number of ps tasks (each key goes to its shard by `shard_of`).
+    A checkpoint of another layout (other optimizer slots) restores the
+    table in that layout; the layer lays it out again for its optimizer.
 
     Args:
       name: the table's name (its shards are `name/shard_<i>` in checkpoints).
@@ -169,10 +176,15 @@ class NativeTable(tf.Module):
     """
 
     def __init__(self, name: str, dim: int, slots: int, devices: list):
-        super().__init__(name=name)
-        self.dim, self.slots = int(dim), int(slots)
-        self.width = self.dim * (1 + self.slots) + BOOKKEEPING
+        super().__init__()
+        self.name = name
+        self.dim = int(dim)
         self.devices = list(devices)
+        self._make_shards(int(slots))
+
+    def _make_shards(self, slots: int) -> None:
+        self.slots = slots
+        self.width = self.dim * (1 + slots) + BOOKKEEPING
         shards = []
         with tf.init_scope():
             for index, device in enumerate(self.devices):
@@ -180,9 +192,36 @@ class NativeTable(tf.Module):
                     shards.append(tf.lookup.experimental.DenseHashTable(
                         tf.int64, tf.float32, default_value=tf.zeros([self.width], tf.float32),
                         empty_key=EMPTY_KEY, deleted_key=DELETED_KEY, initial_num_buckets=INITIAL_BUCKETS,
-                        name=f"{name}_shard_{index}"))
-        # A list attribute of a tf.Module is tracked: checkpoints save each shard (keys and values).
+                        name=f"{self.name}_shard_{index}"))
+        # Not tracked one by one: the checkpoint holds the table whole (`tensors_to_save`).
         self.shards = shards
+
+    def tensors_to_save(self) -> dict:
+        keys, values = [], []
+        for shard, device in zip(self.shards, self.devices):
+            with tf.device(device):
+                part_keys, part_values = _live(*shard.export(), None)
+            keys.append(part_keys)
+            values.append(part_values)
+        return {"keys": tf.concat(keys, 0), "values": tf.concat(values, 0)}
+
+    def restore_tensors(self, tensors: dict):
+        keys = tf.reshape(tensors["keys"], [-1])
+        values = tensors["values"]
+        width = int(values.shape[-1]) if values.shape.rank == 2 and values.shape[-1] is not None else self.width
+        saved_slots = (width - BOOKKEEPING) // self.dim - 1
+        if width != self.width and (width - BOOKKEEPING) % self.dim == 0 and saved_slots >= 0:
+            self._make_shards(saved_slots)  # the saved layout; the layer lays it out for its optimizer again
+        values = tf.reshape(values, [-1, self.width])
+        positions, parts = self.split(keys)
+        imports = []
+        for shard, device, part, position in zip(self.shards, self.devices, parts, positions):
+            with tf.device(device):
+                # Replaces the shard's content, as DenseHashTable's own restore does.
+                stored, _ = _live(*shard.export(), 0)
+                with tf.control_dependencies([shard.erase(stored)]):
+                    imports.append(shard.insert(part, tf.gather(values, position)))
+        return tf.group(imports)
 
     @property
     def num_shards(self) -> int:
