@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -220,3 +222,26 @@ def test_checkpoint_restores_rows_slots_and_bookkeeping_in_a_new_process(tmp_pat
     restored = run_script("dynamic_checkpoint.py", "restore", str(tmp_path), "native")
     assert restored.returncode == 0, restored.stdout[-2000:] + restored.stderr[-3000:]
     assert "rows, m and v restored: 40 keys" in restored.stdout
+
+
+def _result(completed) -> dict:
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, completed.stdout[-2000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("ps", [3, 1])
+def test_a_snapshot_restores_onto_another_number_of_ps_tasks_and_adam_counts_on(tmp_path, ps):
+    # Saved after 6 Adam steps on 2 ps tasks: the table whole (keys, rows, slots, bookkeeping) and 2 shard
+    # counters of 6. Restored onto 3 (or 1) ps tasks: every key found on its new shard with its row and
+    # moments, and every shard's counter goes on from 6, so after 6 more steps each is 12 (a new shard's
+    # counter started at 0 would bias-correct the restored moments as a first step's).
+    saved = _result(run_script("table_restore.py", "save", str(tmp_path), "2", "native", "adam"))
+    assert saved["size"] > 0
+    restored = _result(run_script("table_restore.py", "restore", str(tmp_path), str(ps), "native", "adam"))
+    assert restored["restored_step"] == 6, restored
+    assert restored["size_restored"] == restored["size_saved"] and restored["exists_equal"], restored
+    assert restored["rows_max_diff"] == 0.0 and restored["accumulators_equal"], restored
+    assert restored["table_steps"] == {f"shard_{index}": 12 for index in range(ps)}, restored

@@ -3,7 +3,8 @@ PeriodicSync; write the table's rows, Adagrad accumulators and counts to DIR/sta
 restore DIR PS POLICY: in a fresh process, on PS ps tasks, fit with PeriodicSync(DIR):
 right after the restore, the rows, accumulators and counts must equal the saved ones.
 
-POLICY is "none" (no admission or eviction) or "admit" (min_count=2, max_rows=10_000).
+POLICY is "none" (no admission or eviction), "admit" (min_count=2, max_rows=10_000), or "native" (no policy,
+on tf_psx's own tables: `table="native"`).
 OPTIMIZER (optional) is "adagrad" (the default) or "adam"; the restore reports the table's
 step counters after its 6 steps (Adam's bias correction counts the steps of each shard).
 Prints `RESULT {json}`.
@@ -31,6 +32,7 @@ labels = (keys[:, 0] % 2).astype(np.float32)
 
 def build(strategy):
     kwargs = {"min_count": MIN_COUNT, "max_rows": 10_000} if policy == "admit" else {}
+    kwargs["table"] = "native" if policy == "native" else "tfra"
     with strategy.scope():
         inputs = tf.keras.Input((4,), dtype=tf.int64)
         layer = tf_psx.layers.DynamicEmbedding(3, name="items", **kwargs)
@@ -42,6 +44,13 @@ def build(strategy):
 
 
 def state(model, layer):
+    if policy == "native":
+        stored, values = layer.native_table.export()
+        exists = np.isin(vocab, stored)
+        full = np.zeros([len(vocab), values.shape[1]], np.float32)
+        full[exists] = values[np.searchsorted(stored, vocab[exists])]
+        return {"rows": full[:, :3], "exists": exists, "accumulators": full[:, 3:-2], "counts": np.zeros(0, np.int64),
+                "size": np.int64(layer.size())}
     rows = layer.table.lookup(tf.constant(vocab)).numpy()
     _, exists = layer.table.lookup(tf.constant(vocab), return_exists=True)
     slots = tf_psx.tables.slot_tables(layer)
@@ -62,6 +71,14 @@ class Capture(tf.keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self.state = state(self.model, self.layer)
+
+
+def _table_steps(model, layer) -> dict:
+    if policy == "native":
+        steps = tf_psx.tables.updates.shard_steps(model.optimizer, layer.native_table)
+        return {f"shard_{index}": value for index, value in enumerate(steps or [])}
+    return {name: int(counter.numpy()) for name, counter in model.optimizer._tf_psx_local_steps.items()
+            if name in tf_psx.exact_tables.counter_names(layer.table)}
 
 
 with tf_psx.LocalCluster(num_workers=1, num_ps=num_ps) as cluster:
@@ -93,7 +110,6 @@ with tf_psx.LocalCluster(num_workers=1, num_ps=num_ps) as cluster:
         "counts_seeded": bool(len(got["counts"]) and np.all(got["counts"][got["exists"]] == MIN_COUNT)),
         "ps_saved": None, "ps": num_ps, "policy": policy,
         # The table's step counters made by the updates (per shard, or the whole table's), by name.
-        "table_steps": {name: int(counter.numpy()) for name, counter in model.optimizer._tf_psx_local_steps.items()
-                        if name in tf_psx.exact_tables.counter_names(layer.table)},
+        "table_steps": _table_steps(model, layer),
     }
     print("RESULT " + json.dumps(result))

@@ -449,6 +449,9 @@ def carry_step_counters(model, counters: dict) -> None:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return
+    for layer in table_layers(model):
+        if layer.store == "native":
+            _carry_native_counters(optimizer, layer.native_table, counters)
     for layer in hash_table_layers(model):
         saved = _exact_tables.counters_of(layer.table, counters)
         started = _exact_tables.carry_counters(optimizer, layer.table, saved)
@@ -456,6 +459,31 @@ def carry_step_counters(model, counters: dict) -> None:
         if started and set(saved) not in ({whole}, set(shards)):
             logger.info("table %s: saved with step counters %s; %s start at %d", layer.table.name,
                         ", ".join(sorted(saved)), ", ".join(started), max(saved.values()))
+
+
+def _carry_native_counters(optimizer, table, counters: dict) -> list[str]:
+    """Starts the shard step counters of a native `table` that `counters` lacks at its largest saved one.
+
+    Every step updates every shard, so each shard's counter is the table's
+    step count; a snapshot of fewer ps tasks lacks the new shards' counters,
+    which would otherwise start at 0 (Adam's bias correction of a first step
+    applied to restored moments).
+    """
+    prefix = _exact_updates.counter_name(f"native/{table.name}/shard_")
+    saved = {name: value for name, value in counters.items() if name.startswith(prefix)}
+    top = max((int(value) for value in saved.values()), default=0)
+    if top == 0:
+        return []
+    started = []
+    for index in range(table.num_shards):
+        name = _exact_updates.counter_name(f"native/{table.name}/shard_{index}")
+        if int(saved.get(name, 0)) == 0:
+            _exact_updates.set_counter(optimizer, name, top)
+            started.append(name)
+    if started:
+        logger.info("table %s: saved with %d shard step counters; %s start at %d", table.name, len(saved),
+                    ", ".join(started), top)
+    return started
 
 
 def restore_tables(model, prefix: str) -> list[str]:
