@@ -58,8 +58,10 @@ def _blocks(page: str) -> list[str]:
         return _PYTHON_BLOCK.findall(handle.read())
 
 
-# A block that builds a DynamicEmbedding or DynamicFeatureEmbeddings (TFRA tables in this release).
-_NEEDS_TFRA = re.compile(r"Dynamic(Feature)?Embedding|TableEviction|tensorflow_recommenders_addons")
+# A block that needs TFRA's tables: admission, eviction, the disk tier, a TFRA
+# table read directly (`.table`), or TFRA itself. A plain DynamicEmbedding runs on tf_psx's own tables anywhere.
+_NEEDS_TFRA = re.compile(r"min_count|max_age_steps|max_rows|spill_dir|TableEviction|"
+                         r"tensorflow_recommenders_addons|\.table\b|table=\"tfra\"")
 
 
 def _block_params():
@@ -69,7 +71,7 @@ def _block_params():
         for index, block in enumerate(_blocks(page)):
             marks = [pytest.mark.processes] if _NEEDS_CLUSTER.search(block) else []
             if _NEEDS_TFRA.search(block):
-                marks.append(pytest.mark.tfra)  # a hash-table block: DynamicEmbedding is on the TFRA stack
+                marks.append(pytest.mark.tfra)  # a block of TFRA's tables: the TFRA stack
             params.append(pytest.param(page, index, id=f"{os.path.relpath(page, DOCS)}#{index}", marks=marks))
     return params
 

@@ -245,3 +245,20 @@ def test_a_snapshot_restores_onto_another_number_of_ps_tasks_and_adam_counts_on(
     assert restored["size_restored"] == restored["size_saved"] and restored["exists_equal"], restored
     assert restored["rows_max_diff"] == 0.0 and restored["accumulators_equal"], restored
     assert restored["table_steps"] == {f"shard_{index}": 12 for index in range(ps)}, restored
+
+
+def test_a_keras_file_holds_the_table_and_its_slots(tmp_path):
+    layer = DynamicEmbedding(2, table="native", name="items")
+    inputs = tf.keras.Input((2,), dtype="int64")
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(layer(inputs))))
+    model.compile(tf.keras.optimizers.Adam(0.1), loss="mse")
+    x = np.array([[3, 9], [4, 9]])
+    model.fit(x, np.ones([2]), verbose=0)
+    model.save(tmp_path / "model.keras")
+    loaded = tf.keras.models.load_model(tmp_path / "model.keras")
+    keys, values = loaded.get_layer("items").native_table.export()
+    want_keys, want_values = layer.native_table.export()
+    np.testing.assert_array_equal(keys, [3, 4, 9])
+    np.testing.assert_array_equal(keys, want_keys)
+    np.testing.assert_array_equal(values, want_values)  # rows, Adam's moments, bookkeeping
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))

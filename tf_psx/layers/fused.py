@@ -214,10 +214,11 @@ class DynamicFeatureEmbeddings(DynamicEmbedding):
 
     The hash-table twin of `FeatureEmbeddings`: feature i's keys are folded
     into [i << 56, (i + 1) << 56) (their low 56 bits, after hashing string
-    keys), so the features share one TFRA table split over the ps tasks, the
+    keys), so the features share one hash table split over the ps tasks, the
     keys of every feature of a batch are deduplicated together, and a step
     looks up and updates the table once. Everything else is
-    `DynamicEmbedding`'s (admission, eviction, snapshots, export).
+    `DynamicEmbedding`'s (its two stores, snapshots, export; admission and
+    eviction on TFRA's store).
 
     Example:
 

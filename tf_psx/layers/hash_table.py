@@ -55,6 +55,8 @@ DEFAULT_INIT_STDDEV = 0.05
 TABLE_STORES = ("native", "tfra")
 # Layer arguments that only TFRA's tables implement in this release.
 _TFRA_ONLY = ("min_count", "max_age_steps", "max_rows", "spill_dir")
+# Keyword arguments of every tf-keras layer that get_config writes and from_config passes back.
+_KERAS_LAYER_KWARGS = ("trainable", "dtype")
 # The dense shape of a table gradient's IndexedSlices: its indices are keys, any int64.
 _KEY_SPACE = 2**63 - 1
 
@@ -86,15 +88,24 @@ def _ps_devices() -> list[str] | None:
 
 @serializable
 class DynamicEmbedding(_keras.layers.Layer):
-    """A hash-table embedding (tensorflow-recommenders-addons) with no vocabulary size.
+    """A hash-table embedding with no vocabulary size.
 
-    The table holds one row per key seen, so it grows with the data: any
+    The table holds one row per key trained, so it grows with the data: any
     int64 (hashed Criteo categories, user ids) or string key works, and keys
     never collide. Under `tf_psx.ParameterServerStrategy` the table is split
-    over the ps tasks (TFRA's default key partition); with no strategy it
-    lives on this machine.
+    over the ps tasks; with no strategy it lives on this machine.
 
-    The optimizer needs TFRA's wrapping (`de.DynamicEmbeddingOptimizer`) to
+    Two stores (`table`): tf_psx's own tables on TensorFlow's ops
+    (`"native"`: one `DenseHashTable` per ps task, a key's row, optimizer
+    slots and bookkeeping in one value, updated per shard on its ps task
+    under its lock: `tf_psx.tables`), the default without TFRA; and TFRA's
+    tables (`"tfra"`), the default where TFRA is installed, which admission,
+    eviction and the disk tier need in this release. `export()` and
+    `size()` read either. docs/guides/hash_tables.md compares them.
+
+    The rest of this docstring describes TFRA's store where it says so.
+
+    TFRA's store: the optimizer needs TFRA's wrapping (`de.DynamicEmbeddingOptimizer`) to
     train these tables; `Model.compile` does it for any model holding a
     DynamicEmbedding (`_exact_tables.install_tfra_optimizer_hook`).
 
@@ -118,8 +129,10 @@ class DynamicEmbedding(_keras.layers.Layer):
     Args:
       output_dim: the embedding width.
       key_dtype: tf.int64 or tf.string (strings are hashed to int64 keys).
-      initializer: the initializer of new rows; by default N(0, 0.05), drawn
-        afresh for every new key.
+      initializer: the initializer of new rows; by default N(0, 0.05). The
+        native store draws it per key (the same row for a key in every
+        process: `tf_psx.tables.native.draw_rows`), TFRA's afresh at every
+        lookup of a new key.
       min_count: admission: a key gets a trainable row (and optimizer
         slots) only once training has seen it `min_count` times (occurrences,
         over all workers); before that it reads `UNSEEN_KEY_DEFAULT` rows and
@@ -141,6 +154,10 @@ class DynamicEmbedding(_keras.layers.Layer):
         float32 on the ps tasks. Half the value bytes on the wire, at
         `wire_dtype`'s precision. Without a strategy the same casts are
         made on this machine, so a model trains alike with and without one.
+      table: None, "native" or "tfra": the store (above). None: TFRA's
+        where TFRA is installed, else tf_psx's own. `min_count`,
+        `max_age_steps`, `max_rows`, `spill_dir` and `tfra_kwargs` need
+        TFRA's store in this release.
       **tfra_kwargs: passed to `tfra.dynamic_embedding.keras.layers.Embedding`
         (e.g. `init_capacity`, `restrict_policy`, `kv_creator`).
 
@@ -222,9 +239,12 @@ class DynamicEmbedding(_keras.layers.Layer):
         tfra_kwargs.pop("with_unique", None)
         asked = {"min_count": min_count > 1, "max_age_steps": max_age_steps is not None,
                  "max_rows": max_rows is not None, "spill_dir": spill_dir is not None}
-        needs_tfra = [name for name in _TFRA_ONLY if asked[name]] + sorted(tfra_kwargs)
+        keras_kwargs = {key: tfra_kwargs[key] for key in _KERAS_LAYER_KWARGS if key in tfra_kwargs}
+        needs_tfra = [name for name in _TFRA_ONLY if asked[name]] + sorted(set(tfra_kwargs) - set(keras_kwargs))
         self.store = _pick_store(table, type(self).__name__, needs_tfra)
         if self.store == "native":
+            # What tf-keras's get_config adds (from_config passes it back): the layer's, not the table's.
+            self.trainable = bool(keras_kwargs.get("trainable", True))
             self._init_native(output_dim, key_dtype, initializer, wire)
             return
         de = _tfra.tfra(type(self).__name__)
@@ -384,6 +404,23 @@ class DynamicEmbedding(_keras.layers.Layer):
         if self.native_table is None:
             return np.zeros([0], np.int64), np.zeros([0, self.output_dim], np.float32)
         return self.native_table.export(columns=self.output_dim)
+
+    def save_own_variables(self, store):
+        """The `.keras` file's entry of this layer: a native table's keys and whole values beside the anchor."""
+        super().save_own_variables(store)
+        if self.store == "native" and self.native_table is not None:
+            keys, values = self.native_table.export()
+            store["table_keys"], store["table_values"] = keys, values
+
+    def load_own_variables(self, store):
+        """Reads `save_own_variables`' entry: the anchor, then every key of a native table onto this table's shards."""
+        if self.store != "native" or "table_keys" not in store:
+            return super().load_own_variables(store)
+        self.anchor.assign(store["0"][()] if hasattr(store["0"], "shape") else store["0"])
+        keys, values = np.asarray(store["table_keys"]), np.asarray(store["table_values"])
+        self.native_table.restore_tensors({"keys": tf.constant(keys, tf.int64),
+                                           "values": tf.constant(values, tf.float32)})
+        return None
 
     def call(self, inputs, training=None):
         keys = table_keys(inputs, self.key_dtype)

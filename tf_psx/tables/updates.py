@@ -237,10 +237,15 @@ def table_update(layer, optimizer, gradient):
                    journal=journal):
             with tf.device(device):
                 found = shard.lookup(keys)
-                exists = tf.reshape(_native.updates_of(found) > 0, [-1, 1])
-                count = tf.size(keys)
-                rows = tf.where(exists, found[:, :dim], layer.initial_rows(keys))
-                slots = tf.where(exists, found[:, dim:dim * (1 + rule.slots)], rule.initial_slots(count, dim))
+                present = _native.updates_of(found) > 0
+                # Absent keys start from their initial row (drawn for those keys only) and the initial slots.
+                absent = tf.where(tf.logical_not(present))
+                rows = tf.tensor_scatter_nd_update(found[:, :dim], absent,
+                                                   layer.initial_rows(tf.gather_nd(keys, absent)))
+                slots = found[:, dim:dim * (1 + rule.slots)]
+                if rule.slots and rule.kind == "adagrad":  # the other rules' slots start at 0, as absent values do
+                    slots = tf.where(tf.reshape(present, [-1, 1]), slots,
+                                     rule.initial_slots(tf.size(keys), dim))
                 number = step.assign_add(1, read_value=True)
                 new_rows, new_slots = rule.apply(rows, slots, grad, lr, tf.cast(number, tf.float32), dim)
                 kept = _native.bookkeeping(_native.updates_of(found) + 1, number)
