@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -262,3 +263,89 @@ def test_a_keras_file_holds_the_table_and_its_slots(tmp_path):
     np.testing.assert_array_equal(keys, want_keys)
     np.testing.assert_array_equal(values, want_values)  # rows, Adam's moments, bookkeeping
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+# The linear model of the wire test: a sample's loss is C times the sum of its rows, so a key's gradient in a
+# step is C / BATCH times its occurrences in the batch (summed per key), whatever the rows, and SGD's rows have
+# a closed form.
+WIRE_C, WIRE_LR, WIRE_INIT = 0.7, 0.5, 0.1
+
+
+def _linear_wire_model(wire_dtype):
+    inputs = tf.keras.Input((FIELDS,), dtype=tf.int64)
+    layer = DynamicEmbedding(DIM, initializer=tf.keras.initializers.Constant(WIRE_INIT), wire_dtype=wire_dtype,
+                             table="native")
+    scaled = tf.keras.layers.Lambda(lambda rows: tf.reduce_sum(rows, axis=[1, 2])[:, None] * WIRE_C)(layer(inputs))
+    model = tf.keras.Model(inputs, scaled)
+    model.compile(tf.keras.optimizers.SGD(WIRE_LR), lambda _y, pred: tf.reduce_sum(pred, axis=-1))
+    return model, layer
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_wire_dtype_rounds_gradients_on_the_wire_and_keeps_float32_rows(ps_strategy, local_cluster, sync):
+    if sync:
+        ps_strategy = tf_psx.ParameterServerStrategy(local_cluster, partitioner="fixed:2", sync=True)
+    vocab, index, labels = _keys_and_labels()
+    keys = vocab[index]
+    per_step = np.stack([np.bincount(index[step * BATCH:(step + 1) * BATCH].ravel(), minlength=len(vocab))
+                         for step in range(STEPS)])
+
+    def dataset(_ctx=None):
+        return tf.data.Dataset.from_tensor_slices((keys, labels)).batch(BATCH)
+
+    local, local_layer = _linear_wire_model("bfloat16")
+    local.fit(dataset(), epochs=1, verbose=0)
+    with ps_strategy.scope():
+        model, layer = _linear_wire_model("bfloat16")
+    model.fit(tf.keras.utils.experimental.DatasetCreator(dataset), epochs=1, steps_per_epoch=STEPS, verbose=0)
+    if sync:
+        assert ps_strategy.sync_stats()["applied_steps"] == STEPS
+
+    # A new key starts from the initializer's float32 row on its shard; each step subtracts LR x its gradient
+    # rounded to bfloat16 on the way; the rows stay float32 on the ps.
+    gradients = per_step.astype(np.float32) * (np.float32(WIRE_C) / BATCH)
+    rounded = tf.cast(tf.cast(tf.constant(gradients), tf.bfloat16), tf.float32).numpy().astype(np.float64)
+    narrow = np.float32(WIRE_INIT) - WIRE_LR * rounded.sum(axis=0)
+    wide = np.float32(WIRE_INIT) - WIRE_LR * gradients.astype(np.float64).sum(axis=0)
+    assert np.abs(narrow - wide).max() > 1e-4  # the closed forms tell the two apart
+    order = np.argsort(vocab)
+    for table_layer in (local_layer, layer):
+        exported_keys, rows = table_layer.export()
+        np.testing.assert_array_equal(exported_keys, vocab[order])
+        assert rows.dtype == np.float32
+        np.testing.assert_allclose(rows, np.repeat(narrow[order, None], DIM, axis=1), atol=2e-6)
+    # Evaluation reads the rows through the wire: each is its bfloat16 rounding.
+    read = layer(tf.constant(vocab[None, :FIELDS]), training=False).numpy()[0]
+    stored = dict(zip(*layer.export()))
+    stored = np.stack([stored[key] for key in vocab[:FIELDS]])
+    np.testing.assert_array_equal(read, tf.cast(tf.cast(stored, tf.bfloat16), tf.float32).numpy())
+    assert not np.array_equal(read, stored)
+
+
+TFRA_SNAPSHOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "tfra_snapshot")
+
+
+@pytest.mark.cluster
+def test_a_snapshot_of_tfra_tables_restores_into_native_tables(ps_strategy):
+    # tests/data/tfra_snapshot: a TFRA-backed DynamicEmbedding(3, name="items") + Dense "head", Adam(0.05),
+    # 6 steps on 1 worker and 2 ps tasks (2 shards of rows, m and v), written on the TFRA stack by
+    # tests/scripts/make_tfra_snapshot.py with what it read from TFRA's tables.
+    expected = np.load(os.path.join(TFRA_SNAPSHOT, "expected.npz"))
+    with ps_strategy.scope():
+        inputs = tf.keras.Input((4,), dtype=tf.int64)
+        layer = DynamicEmbedding(3, name="items", table="native", initializer="zeros")
+        model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, name="head")(tf.keras.layers.Flatten()(layer(inputs))))
+        model.compile(tf.keras.optimizers.Adam(0.05), "mse")
+    loaded = tf_psx.tables.restore_from_tfra(model, os.path.join(TFRA_SNAPSHOT, "ckpt"))
+    assert loaded == ["items"]
+    keys, values = layer.native_table.export()
+    np.testing.assert_array_equal(keys, expected["keys"])
+    np.testing.assert_array_equal(values[:, :3], expected["rows"])
+    np.testing.assert_array_equal(values[:, 3:6], expected["m"])
+    np.testing.assert_array_equal(values[:, 6:9], expected["v"])
+    np.testing.assert_array_equal(tf_psx.unsharded_weights(model.get_layer("head"))[0], expected["kernel"])
+    assert int(model.optimizer.iterations.numpy()) == int(expected["iterations"]) == 6
+    # Every shard's step counter goes on from the snapshot's 6 steps (Adam's bias correction).
+    model.fit(np.asarray(expected["keys"][:4])[None, :], np.zeros([1]), verbose=0)
+    assert tf_psx.tables.updates.shard_steps(model.optimizer, layer.native_table) == [7, 7]

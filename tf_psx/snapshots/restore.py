@@ -19,6 +19,7 @@ import re
 import tensorflow as tf
 
 from tf_psx import exact_updates as _exact_updates, tables as _tables
+from tf_psx.tables import from_tfra as _from_tfra
 from tf_psx._tf import checkpoint as _checkpoint, tfra as _tfra
 from tf_psx.errors import DataError
 from tf_psx.snapshots import deltas as _deltas, store as _store
@@ -176,6 +177,12 @@ def restore_newest(store: _store.SnapshotStore, checkpoint: tf.train.Checkpoint,
                        "not finish); it is never restored", path)
     for snapshot in reversed(store.snapshots()):
         cause = _unreadable(snapshot.checkpoint)
+        if cause is None and _from_tfra.holds_tfra_tables_of(model, snapshot.checkpoint):
+            # Written by this model with TFRA-backed hash tables, resumed on tf_psx's own (tf_psx.tables.from_tfra).
+            loaded = _from_tfra.restore_from_tfra(model, snapshot.checkpoint)
+            logger.info("PeriodicSync: %s (step %d) holds TFRA tables; restored into the native tables of %s",
+                        snapshot.path, snapshot.step, ", ".join(loaded))
+            return snapshot
         if cause is None:
             try:
                 # `read` is the counterpart of `write` (no save_counter).

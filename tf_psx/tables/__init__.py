@@ -5,6 +5,8 @@
   partition and the per-key initial rows.
 * `tf_psx.tables.updates`: a step's update of a table, per shard on its ps
   task under its lock, with the optimizers' rules.
+* `tf_psx.tables.from_tfra`: a snapshot of TFRA-backed layers restored
+  into native ones (`tf_psx.tables.restore_from_tfra`).
 * `tf_psx.tables.lifecycle`: admission, eviction, the disk tier and the
   resharded restore of TFRA-backed `DynamicEmbedding` tables (its names are
   re-exported here: `tf_psx.tables.TablePolicy`, ...).
@@ -13,6 +15,7 @@ The layer itself is `tf_psx.layers.DynamicEmbedding`. Importing this
 package imports TensorFlow.
 """
 
+from tf_psx.tables.from_tfra import restore_from_tfra  # noqa: F401
 from tf_psx.tables.lifecycle import (  # noqa: F401
     SPILLED,
     DiskTier,
@@ -27,4 +30,4 @@ from tf_psx.tables.lifecycle import (  # noqa: F401
 )
 
 __all__ = ["TablePolicy", "DiskTier", "EvictionReport", "SPILLED", "restore_tables", "seed_policies", "slot_tables",
-           "hash_table_layers", "carry_step_counters", "table_layers"]
+           "hash_table_layers", "carry_step_counters", "table_layers", "restore_from_tfra"]
