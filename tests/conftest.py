@@ -219,8 +219,8 @@ def _stack_problem(item) -> str | None:
     return None
 
 
-# Modules whose doctests build TFRA tables (admission, eviction in this release): marked `tfra`.
-TFRA_DOCTEST_MODULES = ("tf_psx.callbacks.table_eviction", "tf_psx.tables.lifecycle")
+# Modules whose doctests build TFRA tables (the lifecycle of TFRA's store): marked `tfra`.
+TFRA_DOCTEST_MODULES = ("tf_psx.tables.lifecycle",)
 
 
 def _skip_for_stack(item) -> None:

@@ -58,10 +58,9 @@ def _blocks(page: str) -> list[str]:
         return _PYTHON_BLOCK.findall(handle.read())
 
 
-# A block that needs TFRA's tables: admission, eviction, the disk tier, a TFRA
-# table read directly (`.table`), or TFRA itself. A plain DynamicEmbedding runs on tf_psx's own tables anywhere.
-_NEEDS_TFRA = re.compile(r"min_count|max_age_steps|max_rows|spill_dir|TableEviction|"
-                         r"tensorflow_recommenders_addons|\.table\b|table=\"tfra\"")
+# A block that needs TFRA: a TFRA table read directly (`.table`), asked for (`table="tfra"`), or TFRA itself. A
+# DynamicEmbedding runs on tf_psx's own tables anywhere, its policies included.
+_NEEDS_TFRA = re.compile(r"tensorflow_recommenders_addons|\.table\b|table=\"tfra\"")
 
 
 def _block_params():

@@ -125,7 +125,7 @@ def test_each_shard_is_a_table_on_its_ps_task_and_keys_spread(ps_strategy):
         epochs=1, steps_per_epoch=2, verbose=0)
     sizes = [int(shard.size()) for shard in table.shards]
     assert sum(sizes) == 1000 and min(sizes) > 440, sizes
-    # Adagrad: one slot per key beside the row, and the bookkeeping (each key trained once, at step 1 or 2).
+    # Adagrad: one slot per key beside the row, and the bookkeeping (each key trained once, by step 0 or 1).
     assert table.slots == 1 and table.width == DIM * 2 + native.BOOKKEEPING
     _, values = table.export()
     # One Adagrad update from a zero row: acc = 0.1 + g^2 and row = -0.1 g / sqrt(acc), so row^2 acc / 0.01 = acc - 0.1
@@ -133,9 +133,9 @@ def test_each_shard_is_a_table_on_its_ps_task_and_keys_spread(ps_strategy):
     accumulator, rows = values[:, DIM:2 * DIM].astype(np.float64), values[:, :DIM].astype(np.float64)
     assert (accumulator - 0.1 > 1e-7).mean() > 0.5
     np.testing.assert_allclose(rows**2 * (accumulator + 1e-7) / 0.01, accumulator - 0.1, atol=2e-8)
-    updates = tf.bitcast(tf.constant(values[:, -2]), tf.int32).numpy()
-    last = tf.bitcast(tf.constant(values[:, -1]), tf.int32).numpy()
-    assert set(updates.tolist()) == {1} and set(last.tolist()) <= {1, 2}
+    updates = tf.bitcast(tf.constant(values[:, -3]), tf.int32).numpy()
+    last = tf.bitcast(tf.constant(values[:, -2]), tf.int32).numpy()
+    assert set(updates.tolist()) == {1} and set(last.tolist()) <= {0, 1}  # the steps applied before the one that used it
 
 
 def test_string_keys_are_hashed_and_only_training_inserts():
@@ -206,8 +206,8 @@ def test_bad_arguments_of_the_native_store():
     with pytest.raises(ArgumentError, match=r"`initializer` of DynamicEmbedding must be one that a hash table can "
                                             r"draw per key.*Received: .*GlorotUniform.*Fix: pass"):
         DynamicEmbedding(4, initializer="glorot_uniform", table="native")
-    with pytest.raises(ArgumentError, match=r"min_count of DynamicEmbedding need TFRA's tables"):
-        DynamicEmbedding(4, min_count=3, table="native")
+    with pytest.raises(ArgumentError, match=r"kv_creator of DynamicEmbedding need TFRA's tables"):
+        DynamicEmbedding(4, kv_creator=None, table="native")
     layer = DynamicEmbedding(2, table="native")
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"which the table reserves\. Fix: map these two ids"):
         layer(tf.constant([[native.EMPTY_KEY, 3]], tf.int64))

@@ -1,4 +1,8 @@
-"""Hash-table lifecycle: admission, eviction, the disk tier, snapshots onto other ps counts, export."""
+"""Hash-table lifecycle: admission, eviction, the disk tier, snapshots onto other ps counts, export.
+
+The behaviour tests run on both stores (`store`: TFRA's tables on the TFRA stack, tf_psx's own on both);
+the snapshot tests of TFRA's meta table on the TFRA stack.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +17,15 @@ import tf_psx
 from tf_psx import tables
 from tf_psx.layers import DynamicEmbedding
 
-from conftest import run_script
+from conftest import run_script, tfra_param
 
-pytestmark = [pytest.mark.unit, pytest.mark.tfra]  # DynamicEmbedding and TFRA clients: the TFRA stack (make test-tfra)
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(params=[tfra_param("tfra"), pytest.param("native", marks=pytest.mark.smoke)])
+def store(request):
+    """The DynamicEmbedding store under test: TFRA's tables, or tf_psx's own."""
+    return request.param
 
 DIM = 2
 
@@ -28,7 +38,17 @@ def _linear_model(layer, width):
 
 
 def _rows(layer) -> dict[int, np.ndarray]:
-    keys, values = (t.numpy() for t in layer.table.export())
+    keys, values = layer.export()
+    return {int(k): v for k, v in zip(keys, values)}
+
+
+def _slot_rows(layer) -> dict[int, np.ndarray]:
+    """The first optimizer slot of every key that has one: TFRA's slot table, or a native value's slot columns."""
+    if layer.store == "native":
+        keys, values = layer.native_table.export(trained_only=True)
+        return {int(k): v[DIM:2 * DIM] for k, v in zip(keys, values)}
+    (accumulator,) = tables.slot_tables(layer)
+    keys, values = (t.numpy() for t in accumulator.export())
     return {int(k): v for k, v in zip(keys, values)}
 
 
@@ -39,16 +59,16 @@ def _rows(layer) -> dict[int, np.ndarray]:
     ("min_count", 0), ("min_count", 2.0), ("min_count", True),
     ("max_rows", 0), ("max_rows", "1000"), ("max_age_steps", -1), ("max_age_steps", 1.5),
 ])
-def test_policy_arguments_must_be_positive_ints(argument, value):
+def test_policy_arguments_must_be_positive_ints(argument, value, store):
     minimum = 1
     with pytest.raises(ValueError, match=rf"Argument `{argument}` of DynamicEmbedding must be an int >= {minimum}"
                                          rf"( or None)?\. Received: {value!r}\. Fix:"):
-        DynamicEmbedding(DIM, **{argument: value})
+        DynamicEmbedding(DIM, table=store, **{argument: value})
 
 
-def test_spill_dir_needs_eviction(tmp_path):
+def test_spill_dir_needs_eviction(tmp_path, store):
     with pytest.raises(ValueError, match=r"`spill_dir` of DynamicEmbedding needs eviction .*Fix: pass max_rows"):
-        DynamicEmbedding(DIM, spill_dir=tmp_path)
+        DynamicEmbedding(DIM, table=store, spill_dir=tmp_path)
 
 
 def test_table_eviction_arguments():
@@ -60,16 +80,16 @@ def test_table_eviction_arguments():
         tf_psx.callbacks.TableEviction(every_seconds=-1)
 
 
-def test_table_eviction_without_a_policy_layer_stops_fit_with_the_fix():
-    model = _linear_model(DynamicEmbedding(DIM, name="no_policy"), 1)
+def test_table_eviction_without_a_policy_layer_stops_fit_with_the_fix(store):
+    model = _linear_model(DynamicEmbedding(DIM, table=store, name="no_policy"), 1)
     model.compile("sgd", loss=lambda y, p: -tf.reduce_mean(p))
     with pytest.raises(ValueError, match=r"has no DynamicEmbedding with max_age_steps, max_rows or min_count.*Fix"):
         model.fit(np.zeros((2, 1), np.int64), np.zeros(2), verbose=0,
                   callbacks=[tf_psx.callbacks.TableEviction(every_n_steps=1)])
 
 
-def test_config_round_trips_the_policy():
-    layer = DynamicEmbedding(DIM, min_count=3, max_rows=10, max_age_steps=5, name="cfg")
+def test_config_round_trips_the_policy(store):
+    layer = DynamicEmbedding(DIM, table=store, min_count=3, max_rows=10, max_age_steps=5, name="cfg")
     config = layer.get_config()
     assert (config["min_count"], config["max_rows"], config["max_age_steps"], config["spill_dir"]) == (3, 10, 5, None)
 
@@ -77,8 +97,8 @@ def test_config_round_trips_the_policy():
 # -- admission ---------------------------------------------------------------------
 
 
-def test_a_key_seen_n_minus_1_times_has_no_row_and_reads_zeros():
-    layer = DynamicEmbedding(DIM, min_count=3, initializer="ones", name="admit_eager")
+def test_a_key_seen_n_minus_1_times_has_no_row_and_reads_zeros(store):
+    layer = DynamicEmbedding(DIM, table=store, min_count=3, initializer="ones", name="admit_eager")
     out = layer(tf.constant([[5, 7, 7]], tf.int64), training=True).numpy()[0, :, 0]
     # Key 7 is seen twice in this batch: not yet admitted, like key 5 (once).
     assert out.tolist() == [0.0, 0.0, 0.0]
@@ -90,9 +110,9 @@ def test_a_key_seen_n_minus_1_times_has_no_row_and_reads_zeros():
     assert layer.policy.counts([5]).tolist() == [2]
 
 
-def test_admission_closed_form_with_sgd():
+def test_admission_closed_form_with_sgd(store):
     # Batches of 2 rows; key 1 twice per batch, 2 once, keys 3 and 4 twice in all (n - 1).
-    layer = DynamicEmbedding(DIM, min_count=3, initializer="zeros", name="admit_fit")
+    layer = DynamicEmbedding(DIM, table=store, min_count=3, initializer="zeros", name="admit_fit")
     model = _linear_model(layer, 2)
     model.compile(tf.keras.optimizers.SGD(1.0), loss=lambda y, p: -tf.reduce_mean(p))
     x = np.array([[1, 2], [1, 3]] * 2 + [[1, 2], [1, 4]] * 2, np.int64)
@@ -106,21 +126,19 @@ def test_admission_closed_form_with_sgd():
     assert layer.policy.counts([1, 2, 3, 4]).tolist() == [8, 4, 2, 2]
 
 
-def test_admission_slots_exist_only_for_admitted_keys():
-    layer = DynamicEmbedding(DIM, min_count=2, initializer="zeros", name="admit_slots")
+def test_admission_slots_exist_only_for_admitted_keys(store):
+    layer = DynamicEmbedding(DIM, table=store, min_count=2, initializer="zeros", name="admit_slots")
     model = _linear_model(layer, 1)
     model.compile(tf.keras.optimizers.Adagrad(0.1), loss=lambda y, p: -tf.reduce_mean(p))
     model.fit(np.array([[1], [2], [1], [3]], np.int64), np.zeros(4), batch_size=1, verbose=0, shuffle=False)
-    (accumulator,) = tables.slot_tables(layer)
-    keys, _ = accumulator.export()
-    assert sorted(keys.numpy().tolist()) == [1] and sorted(_rows(layer)) == [1]
+    assert sorted(_slot_rows(layer)) == [1] and sorted(_rows(layer)) == [1]
 
 
 # -- eviction ----------------------------------------------------------------------
 
 
-def _trained_for_eviction(name, **policy):
-    layer = DynamicEmbedding(DIM, initializer="zeros", name=name, **policy)
+def _trained_for_eviction(name, store, **policy):
+    layer = DynamicEmbedding(DIM, table=store, initializer="zeros", name=name, **policy)
     model = _linear_model(layer, 2)
     model.compile(tf.keras.optimizers.Adagrad(0.1), loss=lambda y, p: -tf.reduce_mean(p))
     # Key k is last used at step (the optimizer's iterations when looked up):
@@ -130,8 +148,8 @@ def _trained_for_eviction(name, **policy):
     return model, layer
 
 
-def test_eviction_by_age_then_size_removes_rows_slots_and_meta():
-    model, layer = _trained_for_eviction("evict", max_rows=4, max_age_steps=3)
+def test_eviction_by_age_then_size_removes_rows_slots_and_meta(store):
+    model, layer = _trained_for_eviction("evict", store, max_rows=4, max_age_steps=3)
     assert layer.size() == 10
     report = layer.policy.evict()
     assert report.step == 6
@@ -139,8 +157,7 @@ def test_eviction_by_age_then_size_removes_rows_slots_and_meta():
     # left, one over max_rows: the least recently used (6, step 3) goes.
     assert (report.evicted_by_age, report.evicted_by_size, report.rows_before, report.rows_after) == (5, 1, 10, 4)
     assert sorted(_rows(layer)) == [0, 7, 8, 9]
-    (accumulator,) = tables.slot_tables(layer)
-    assert sorted(accumulator.export()[0].numpy().tolist()) == [0, 7, 8, 9]
+    assert sorted(_slot_rows(layer)) == [0, 7, 8, 9]
     assert layer.policy.tracked_keys() == 4 and layer.policy.rows_evicted == 6
     # An evicted key that comes back starts afresh: a zero row, the initial
     # accumulator 0.1, one Adagrad step of gradient 2: 0.1 * 2 / sqrt(0.1 + 4).
@@ -148,8 +165,8 @@ def test_eviction_by_age_then_size_removes_rows_slots_and_meta():
     np.testing.assert_allclose(_rows(layer)[1], [0.2 / np.sqrt(4.1)] * DIM, rtol=1e-6)
 
 
-def test_table_eviction_callback_keeps_the_budget_during_fit():
-    layer = DynamicEmbedding(DIM, max_rows=3, initializer="zeros", name="evict_cb")
+def test_table_eviction_callback_keeps_the_budget_during_fit(store):
+    layer = DynamicEmbedding(DIM, table=store, max_rows=3, initializer="zeros", name="evict_cb")
     model = _linear_model(layer, 1)
     model.compile("sgd", loss=lambda y, p: -tf.reduce_mean(p))
     callback = tf_psx.callbacks.TableEviction(every_n_steps=2)
@@ -160,12 +177,12 @@ def test_table_eviction_callback_keeps_the_budget_during_fit():
     assert sorted(_rows(layer)) == [5, 6, 7]
 
 
-def test_a_budget_below_one_batch_of_distinct_keys_is_an_error():
-    layer = DynamicEmbedding(DIM, max_rows=2, name="tiny_budget")
+def test_a_budget_below_one_batch_of_distinct_keys_is_an_error(store):
+    layer = DynamicEmbedding(DIM, table=store, max_rows=2, name="tiny_budget")
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"more distinct keys than max_rows=2.*Distinct keys in the batch: 3\. Fix: raise max_rows"):
         layer(tf.constant([[1, 2, 3]], tf.int64), training=True)
-    model = _linear_model(DynamicEmbedding(DIM, max_rows=2, name="tiny_budget_fit"), 3)
+    model = _linear_model(DynamicEmbedding(DIM, table=store, max_rows=2, name="tiny_budget_fit"), 3)
     model.compile("sgd", loss=lambda y, p: -tf.reduce_mean(p))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"more distinct keys than max_rows=2"):
         model.fit(np.array([[1, 2, 3]], np.int64), np.zeros(1), verbose=0)
@@ -190,14 +207,12 @@ def test_disk_tier_round_trip_and_reopen(tmp_path):
         store.write(keys[:1], [rows[:1]], step=5)
 
 
-def test_a_spilled_key_comes_back_with_its_row_and_slots(tmp_path):
-    layer = DynamicEmbedding(DIM, max_rows=2, spill_dir=tmp_path / "spill", initializer="zeros", name="spill")
+def test_a_spilled_key_comes_back_with_its_row_and_slots(tmp_path, store):
+    layer = DynamicEmbedding(DIM, table=store, max_rows=2, spill_dir=tmp_path / "spill", initializer="zeros", name="spill")
     model = _linear_model(layer, 1)
     model.compile(tf.keras.optimizers.Adagrad(0.5), loss=lambda y, p: -tf.reduce_mean(p))
     model.fit(np.array([[1], [1], [2], [3]], np.int64), np.zeros(4), batch_size=1, verbose=0, shuffle=False)
-    (accumulator,) = tables.slot_tables(layer)
-    row_1 = _rows(layer)[1]
-    slot_1 = accumulator.lookup(tf.constant([1], tf.int64)).numpy()[0]
+    row_1, slot_1 = _rows(layer)[1], _slot_rows(layer)[1]
     report = layer.policy.evict()
     assert (report.evicted_by_size, report.spilled) == (1, 1) and sorted(_rows(layer)) == [2, 3]
     assert layer.policy.counts([1]).tolist() == [tables.SPILLED]
@@ -207,17 +222,18 @@ def test_a_spilled_key_comes_back_with_its_row_and_slots(tmp_path):
     report = layer.policy.evict()
     assert report.returned == 1
     np.testing.assert_array_equal(_rows(layer)[1], row_1)
-    np.testing.assert_array_equal(accumulator.lookup(tf.constant([1], tf.int64)).numpy()[0], slot_1)
-    assert layer.policy.counts([1]).tolist() == [1]
+    np.testing.assert_array_equal(_slot_rows(layer)[1], slot_1)
+    # TFRA's meta table admits it again at min_count (1); a native table keeps its count (2) with its row on disk.
+    assert layer.policy.counts([1]).tolist() == ([1] if store == "tfra" else [2])
 
 
 # -- under the session cluster (1 worker, 2 ps) -----------------------------------------
 
 
 @pytest.mark.cluster
-def test_policy_under_the_cluster_with_fit_monitor_and_export(ps_strategy, tmp_path):
+def test_policy_under_the_cluster_with_fit_monitor_and_export(ps_strategy, tmp_path, store):
     with ps_strategy.scope():
-        layer = DynamicEmbedding(DIM, min_count=2, max_rows=6, initializer="zeros", name="cluster_policy")
+        layer = DynamicEmbedding(DIM, table=store, min_count=2, max_rows=6, initializer="zeros", name="cluster_policy")
         model = _linear_model(layer, 2)
         model.compile(tf.keras.optimizers.SGD(1.0), loss=lambda y, p: -tf.reduce_mean(p))
     # Keys 100..109 once each (never admitted); key 0 and 1 in every batch.
@@ -259,10 +275,11 @@ def _result(completed) -> dict:
 
 
 @pytest.mark.processes
-def test_admission_is_exact_with_two_workers():
+@pytest.mark.parametrize("layer", [tfra_param("dynamic"), pytest.param("native", marks=pytest.mark.smoke)])
+def test_admission_is_exact_with_two_workers(layer):
     # 40 steps, min_count 41: keys seen once per batch are never admitted;
     # the others follow the closed form from the step that admitted them.
-    completed = run_script("exact_updates.py", "--layer", "dynamic", "--optimizer", "sgd", "adagrad",
+    completed = run_script("exact_updates.py", "--layer", layer, "--optimizer", "sgd", "adagrad",
                            "--workers", "2", "--steps", "40", "--min-count", "41")
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     results = [json.loads(line[len("RESULT "):]) for line in completed.stdout.splitlines()
@@ -276,6 +293,7 @@ def test_admission_is_exact_with_two_workers():
 
 
 @pytest.mark.processes
+@pytest.mark.tfra  # TFRA's meta table under another layout (native tables: test_native_tables.py)
 @pytest.mark.parametrize("saved_policy,restored_policy,ps", [("none", "none", 3), ("none", "admit", 2)])
 def test_adam_step_counters_go_on_from_the_snapshot_under_another_layout(tmp_path, saved_policy, restored_policy, ps):
     # Saved per shard on 2 ps tasks after 6 steps (2 counters of 6). Restored onto 3 ps tasks (a third shard)
@@ -291,6 +309,7 @@ def test_adam_step_counters_go_on_from_the_snapshot_under_another_layout(tmp_pat
 
 
 @pytest.mark.processes
+@pytest.mark.tfra  # TFRA's meta table under another layout (native tables: test_native_tables.py)
 @pytest.mark.parametrize("saved_policy,restored_policy,ps", [("admit", "admit", 3), ("none", "admit", 3),
                                                              ("admit", "none", 1)])
 def test_snapshot_restores_onto_another_number_of_ps_tasks(tmp_path, saved_policy, restored_policy, ps):

@@ -23,10 +23,10 @@ def test_a_table_store_that_needs_tfra_names_the_extra_and_the_stack():
     assert isinstance(caught.value, RuntimeError)
 
 
-def test_admission_without_tfra_names_the_tfra_store():
-    with pytest.raises(ValueError, match=r"Argument\(s\) min_count, max_rows of DynamicEmbedding need TFRA's tables "
-                                         r"in this release.*Received: table='native'.*Fix: install the TFRA stack"):
-        tf_psx.layers.DynamicEmbedding(4, min_count=2, max_rows=10)
+def test_tfra_arguments_without_tfra_name_the_tfra_store():
+    with pytest.raises(ValueError, match=r"Argument\(s\) init_capacity of DynamicEmbedding need TFRA's tables in this "
+                                         r"release.*Received: table='native'.*Fix: install the TFRA stack"):
+        tf_psx.layers.DynamicEmbedding(4, init_capacity=1000)
 
 
 def test_everything_else_imports_without_tfra():

@@ -15,7 +15,7 @@ Prints one line `RESULT {json}` with the share of the true move applied, the
 largest row error relative to the largest move, the applied step count, the
 keys in a hash table and the seconds taken.
 
-With `--min-count n` the DynamicEmbedding admits a key once it has been
+With `--min-count n` the DynamicEmbedding (either store) admits a key once it has been
 seen n times: the counting forward passes run one at a time under a lock, so
 a key seen c times per batch is admitted from the ceil(n / c)-th step on, and
 its row must equal S - ceil(n / c) + 1 applications of its gradient (SGD and
@@ -139,7 +139,7 @@ def build_model(layer: str, min_count: int = 1):
     elif layer == "stock":
         emb = tf.keras.layers.Embedding(VOCAB, DIM, embeddings_initializer="zeros")
     elif layer == "native":
-        emb = tf_psx.layers.DynamicEmbedding(DIM, initializer="zeros", table="native")
+        emb = tf_psx.layers.DynamicEmbedding(DIM, initializer="zeros", min_count=min_count, table="native")
     else:
         emb = tf_psx.layers.DynamicEmbedding(DIM, initializer="zeros", min_count=min_count)
     rows = emb(inputs)
@@ -223,7 +223,7 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
     """Trains one layer x optimizer pair on the cluster; returns its closed-form check."""
     start = time.monotonic()
     with strategy.scope():
-        model, emb = build_model(layer, args.min_count if layer == "dynamic" else 1)
+        model, emb = build_model(layer, args.min_count if layer in ("dynamic", "native") else 1)
         model.compile(make_optimizer(optimizer), loss=lambda y, p: p, steps_per_execution=args.spe)
 
     def dataset_fn(_ctx):
@@ -239,7 +239,7 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
                   steps_per_epoch=args.steps, verbose=0)
     steps = int(model.optimizer.iterations.numpy())
     actual, keys = table_of(layer, emb)
-    admission = layer == "dynamic" and args.min_count > 1
+    admission = layer in ("dynamic", "native") and args.min_count > 1
     if admission:
         expected = expected_admitted(optimizer, ids, steps, args.min_count)
         unique, counts = np.unique(ids, return_counts=True)

@@ -49,7 +49,7 @@ def state(model, layer):
         exists = np.isin(vocab, stored)
         full = np.zeros([len(vocab), values.shape[1]], np.float32)
         full[exists] = values[np.searchsorted(stored, vocab[exists])]
-        return {"rows": full[:, :3], "exists": exists, "accumulators": full[:, 3:-2], "counts": np.zeros(0, np.int64),
+        return {"rows": full[:, :3], "exists": exists, "accumulators": full[:, 3:-tf_psx.tables.native.BOOKKEEPING], "counts": np.zeros(0, np.int64),
                 "size": np.int64(layer.size())}
     rows = layer.table.lookup(tf.constant(vocab)).numpy()
     _, exists = layer.table.lookup(tf.constant(vocab), return_exists=True)

@@ -108,7 +108,10 @@ class _StepProbe:
                 continue
             seen.add(id(layer))
             if isinstance(layer, DynamicEmbedding):
-                yield layer.name, list(layer.trainable_weights), layer
+                # A native table's weight is its scalar anchor: its rows are counted by `size()` (ClusterMonitor's
+                # tables/<name>/rows), not by the probe's row counters.
+                if layer.store != "native":
+                    yield layer.name, list(layer.trainable_weights), layer
             elif isinstance(layer, _keras.layers.Embedding):
                 yield layer.name, list(layer.trainable_weights), int(layer.input_dim)
 

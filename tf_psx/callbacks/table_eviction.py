@@ -73,7 +73,7 @@ class TableEviction(_RunCallback):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        self._layers = [layer for layer in _tables.hash_table_layers(self.model) if layer.policy is not None]
+        self._layers = [layer for layer in _tables.table_layers(self.model) if layer.policy is not None]
         if not self._layers:
             raise ArgumentError(
                 f"TableEviction: model {self.model.name} has no DynamicEmbedding with max_age_steps, max_rows or "

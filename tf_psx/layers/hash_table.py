@@ -53,8 +53,8 @@ DEFAULT_INIT_STDDEV = 0.05
 
 # `table=` of DynamicEmbedding: tf_psx's own tables on TF's ops, or TFRA's; None picks (`_pick_store`).
 TABLE_STORES = ("native", "tfra")
-# Layer arguments that only TFRA's tables implement in this release.
-_TFRA_ONLY = ("min_count", "max_age_steps", "max_rows", "spill_dir")
+# Layer arguments that only TFRA's tables implement in this release (none: every policy runs on both).
+_TFRA_ONLY = ()
 # Keyword arguments of every tf-keras layer that get_config writes and from_config passes back.
 _KERAS_LAYER_KWARGS = ("trainable", "dtype")
 # The dense shape of a table gradient's IndexedSlices: its indices are keys, any int64.
@@ -246,6 +246,14 @@ class DynamicEmbedding(_keras.layers.Layer):
             # What tf-keras's get_config adds (from_config passes it back): the layer's, not the table's.
             self.trainable = bool(keras_kwargs.get("trainable", True))
             self._init_native(output_dim, key_dtype, initializer, wire)
+            if any(asked.values()):
+                from tf_psx.tables import native_policy  # pylint: disable=import-outside-toplevel
+
+                self.policy = native_policy.NativePolicy(
+                    self, min_count=min_count, max_age_steps=max_age_steps, max_rows=max_rows,
+                    spill_dir=None if spill_dir is None else str(spill_dir))
+            self._config.update({"min_count": int(min_count), "max_age_steps": max_age_steps, "max_rows": max_rows,
+                                 "spill_dir": None if spill_dir is None else str(spill_dir)})
             return
         de = _tfra.tfra(type(self).__name__)
         # How the Model hooks of the door recognise a TFRA-backed layer without importing this module.
@@ -321,7 +329,11 @@ class DynamicEmbedding(_keras.layers.Layer):
 
     def _make_table(self, slots: int) -> None:
         devices = _ps_devices() or [None]
-        self.native_table = _native.NativeTable(f"{self.name}_table", self.output_dim, slots, devices)
+        # A table whose keys eviction removes is kept in MutableHashTables (tf_psx.tables.native.remove).
+        removable = self.policy is not None and (self.policy.max_age_steps is not None
+                                                  or self.policy.max_rows is not None)
+        self.native_table = _native.NativeTable(f"{self.name}_table", self.output_dim, slots, devices,
+                                                removable=removable)
 
     def rule_for(self, optimizer):
         """The `TableRule` of `optimizer`; the table is laid out for its slots first (`attach_optimizer`)."""
@@ -345,6 +357,8 @@ class DynamicEmbedding(_keras.layers.Layer):
             dim = self.output_dim
             fresh = self._rule.initial_slots(len(keys), dim).numpy() if slots else np.zeros([len(keys), 0], np.float32)
             packed = np.concatenate([values[:, :dim], fresh, values[:, -_native.BOOKKEEPING:]], axis=1)
+            if self.policy is not None:
+                self.policy.attach_optimizer(None)  # its locked functions belong to the old shards
             self.native_table.import_values(keys, packed)
 
     def attach_optimizer(self, optimizer) -> None:
@@ -356,6 +370,8 @@ class DynamicEmbedding(_keras.layers.Layer):
             if self.native_table.slots != self._rule.slots:
                 with tf.init_scope():
                     self._relayout(self._rule.slots)
+            if self.policy is not None:
+                self.policy.attach_optimizer(optimizer)
             return
         if self.policy is not None:
             self.policy.attach_optimizer(optimizer)
@@ -363,17 +379,25 @@ class DynamicEmbedding(_keras.layers.Layer):
     def _native_call(self, keys, training):
         flat = tf.reshape(keys, [-1])
         with tf.control_dependencies([_native.check_keys(flat)]):
-            unique, position = tf.unique(flat)
-        rows, exists = self.native_table.find_rows(unique, self.wire_dtype)
+            unique, position, occurrences = tf.unique_with_counts(flat)
+        admitted = None
+        if training is not False and self.policy is not None:
+            # Counted on each shard under its lock; keys not admitted read the default row and get no gradient.
+            with tf.control_dependencies([self.policy.check_budget(unique)]):
+                rows, admitted, exists = self.policy.counted_lookup(unique, occurrences, self.wire_dtype)
+            rows = tf.where(tf.reshape(admitted, [-1, 1]), rows, tf.fill(tf.shape(rows), UNSEEN_KEY_DEFAULT))
+        else:
+            rows, exists = self.native_table.find_rows(unique, self.wire_dtype)
         if training is False:
             rows = tf.where(tf.reshape(exists, [-1, 1]), rows, tf.fill(tf.shape(rows), UNSEEN_KEY_DEFAULT))
         else:
-            absent = tf.where(tf.logical_not(exists))
+            starts = tf.logical_not(exists) if admitted is None else tf.logical_and(admitted, tf.logical_not(exists))
+            absent = tf.where(starts)
             drawn = self.initial_rows(tf.gather_nd(unique, absent))
             if self.wire_dtype is not None:  # read as the table's rows are: through the wire
                 drawn = tf.cast(tf.cast(drawn, self.wire_dtype), tf.float32)
             rows = tf.reshape(tf.tensor_scatter_nd_update(rows, absent, drawn), [-1, self.output_dim])
-            rows = _to_anchor(rows, self.anchor.read_value(), unique)
+            rows = _to_anchor(rows, self.anchor.read_value(), unique, admitted)
         out = tf.gather(rows, position)
         return tf.reshape(out, tf.concat([tf.shape(keys), [self.output_dim]], axis=0))
 
@@ -403,7 +427,7 @@ class DynamicEmbedding(_keras.layers.Layer):
             return keys[order], rows[order]
         if self.native_table is None:
             return np.zeros([0], np.int64), np.zeros([0, self.output_dim], np.float32)
-        return self.native_table.export(columns=self.output_dim)
+        return self.native_table.export(columns=self.output_dim, trained_only=True)
 
     def save_own_variables(self, store):
         """The `.keras` file's entry of this layer: a native table's keys and whole values beside the anchor."""
@@ -468,7 +492,10 @@ class DynamicEmbedding(_keras.layers.Layer):
     def size(self) -> int:
         """Rows in the table (keys trained so far), summed over every ps task."""
         if self.store == "native":
-            return 0 if self.native_table is None else int(self.native_table.size())
+            if self.native_table is None:
+                return 0
+            # With a policy the table also holds pending keys and disk-tier markers: only trained rows count.
+            return self.native_table.trained_size() if self.policy is not None else int(self.native_table.size())
         return int(self.table.size())
 
     def get_config(self):
@@ -477,14 +504,20 @@ class DynamicEmbedding(_keras.layers.Layer):
         return config
 
 
-def _to_anchor(rows, anchor_value, keys):
-    """`rows`, whose gradient reaches `anchor_value` (the anchor's read) as an IndexedSlices keyed by `keys`."""
+def _to_anchor(rows, anchor_value, keys, admitted=None):
+    """`rows`, whose gradient reaches `anchor_value` (the anchor's read) as an IndexedSlices keyed by `keys`.
+
+    `admitted`: None, or a bool per key: only those keys' gradient rows are passed on.
+    """
 
     @tf.custom_gradient
     def attach(rows, anchor_value):
         def gradient(upstream):
             upstream = tf.reshape(tf.convert_to_tensor(upstream), [-1, rows.shape[-1]])
             shape = tf.stack([tf.constant(_KEY_SPACE, tf.int64), tf.shape(upstream, out_type=tf.int64)[1]])
+            if admitted is not None:
+                return None, tf.IndexedSlices(tf.boolean_mask(upstream, admitted), tf.boolean_mask(keys, admitted),
+                                              shape)
             return None, tf.IndexedSlices(upstream, keys, shape)
 
         del anchor_value

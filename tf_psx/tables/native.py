@@ -5,14 +5,16 @@ in. Each shard is one `tf.lookup.experimental.DenseHashTable` on the ps task
 that owns it (with no strategy, on this machine). The value of a key is
 one float32 vector holding, side by side:
 
-    [ row (dim) | optimizer slots (slots x dim) | updates (1) | last step (1) ]
+    [ row (dim) | optimizer slots (slots x dim) | updates (1) | last step (1) | seen (1) ]
 
 so a training step's update of a shard is one find and one insert
-(`tf_psx.tables.updates`). `updates` counts the steps that trained the key
-and `last step` is the shard's step counter at its last update; both are
-int32 bit patterns (`tf.bitcast`), exact to 2**31. A stored key always has
+(`tf_psx.tables.updates`). `updates` counts the steps that trained the key,
+`last step` is the shard's step counter at its last use, and `seen` the
+occurrences counted by training lookups (with an admission policy:
+tf_psx.tables.native_policy); all three are int32 bit patterns
+(`tf.bitcast`), exact to 2**31. A key with a trained row has
 `updates >= 1`: the table's default value has 0, which is how a find tells
-a key that is absent.
+a key with no row (absent, or pending admission).
 
 Why `DenseHashTable`. Measured in one process on these machines (3,000
 keys, a find then an insert of 50 floats per key): `DenseHashTable` 0.78-0.86
@@ -56,8 +58,8 @@ __all__ = ["NativeTable", "draw_rows", "initializer_spec", "shard_of", "EMPTY_KE
 # the two smallest int64s, which hashed string keys (non-negative) never take.
 EMPTY_KEY = -(2**63)
 DELETED_KEY = -(2**63) + 1
-# Columns after the row and slots: the updates of the key and its last step.
-BOOKKEEPING = 2
+# Columns after the row and slots: the updates of the key, its last step and its occurrences seen.
+BOOKKEEPING = 3
 # DenseHashTable's own default: the table doubles when 80% of its buckets are used.
 MAX_LOAD_FACTOR = 0.8
 # Buckets a shard starts with (a power of 2; it grows as keys arrive).
@@ -175,11 +177,12 @@ class NativeTable(_checkpoint.SavedWhole):
       devices: the devices of the shards (ps tasks), or [None]: this machine.
     """
 
-    def __init__(self, name: str, dim: int, slots: int, devices: list):
+    def __init__(self, name: str, dim: int, slots: int, devices: list, removable: bool = False):
         super().__init__()
         self.name = name
         self.dim = int(dim)
         self.devices = list(devices)
+        self.removable = bool(removable)
         self._make_shards(int(slots))
 
     def _make_shards(self, slots: int) -> None:
@@ -189,10 +192,19 @@ class NativeTable(_checkpoint.SavedWhole):
         with tf.init_scope():
             for index, device in enumerate(self.devices):
                 with tf.device(device):
-                    shards.append(tf.lookup.experimental.DenseHashTable(
-                        tf.int64, tf.float32, default_value=tf.zeros([self.width], tf.float32),
-                        empty_key=EMPTY_KEY, deleted_key=DELETED_KEY, initial_num_buckets=INITIAL_BUCKETS,
-                        name=f"{self.name}_shard_{index}"))
+                    if self.removable:
+                        # Keys are removed (eviction): DenseHashTable's erase leaves a tombstone that a later
+                        # insert of a key further along the same probe chain takes, so the key is then stored
+                        # twice (measured with TF 2.21: 2 duplicate keys of 236 after 3 evictions), and a
+                        # growth keeps whichever copy it meets last. MutableHashTable removes cleanly.
+                        shards.append(tf.lookup.experimental.MutableHashTable(
+                            tf.int64, tf.float32, default_value=tf.zeros([self.width], tf.float32),
+                            name=f"{self.name}_shard_{index}"))
+                    else:
+                        shards.append(tf.lookup.experimental.DenseHashTable(
+                            tf.int64, tf.float32, default_value=tf.zeros([self.width], tf.float32),
+                            empty_key=EMPTY_KEY, deleted_key=DELETED_KEY, initial_num_buckets=INITIAL_BUCKETS,
+                            name=f"{self.name}_shard_{index}"))
         # Not tracked one by one: the checkpoint holds the table whole (`tensors_to_save`).
         self.shards = shards
 
@@ -217,9 +229,10 @@ class NativeTable(_checkpoint.SavedWhole):
         imports = []
         for shard, device, part, position in zip(self.shards, self.devices, parts, positions):
             with tf.device(device):
-                # Replaces the shard's content, as DenseHashTable's own restore does.
+                # Replaces the shard's content, as DenseHashTable's own restore does. Every stored key is
+                # removed before any is inserted, so no key is left behind a tombstone (`remove`).
                 stored, _ = _live(*shard.export(), 0)
-                with tf.control_dependencies([shard.erase(stored)]):
+                with tf.control_dependencies([remove(shard, stored)]):
                     imports.append(shard.insert(part, tf.gather(values, position)))
         return tf.group(imports)
 
@@ -251,13 +264,23 @@ class NativeTable(_checkpoint.SavedWhole):
                 if wire is not None:
                     row = tf.cast(row, wire)
                 rows.append(row)
-                exists.append(updates_of(found) > 0)
+                exists.append(tf.logical_and(updates_of(found) > 0, seen_of(found) >= 0))
         if self.num_shards == 1:
             row, present = rows[0], exists[0]
         else:
             row = tf.dynamic_stitch(positions, rows)
             present = tf.dynamic_stitch(positions, exists)
         return tf.reshape(tf.cast(row, tf.float32), [-1, self.dim]), tf.reshape(present, [-1])
+
+    def trained_size(self) -> int:
+        """The keys with a trained row (not pending admission, not on the disk tier), over every shard."""
+        count = 0
+        for shard, device in zip(self.shards, self.devices):
+            with tf.device(device):
+                _, values = _live(*shard.export(), None)
+                count += int(tf.reduce_sum(tf.cast(tf.logical_and(updates_of(values) > 0, seen_of(values) >= 0),
+                                                   tf.int64)))
+        return count
 
     def size(self):
         """The keys stored, over every shard (an int64 tensor)."""
@@ -267,16 +290,23 @@ class NativeTable(_checkpoint.SavedWhole):
                 sizes.append(shard.size())
         return tf.add_n(sizes)
 
-    def export(self, columns: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def export(self, columns: int | None = None, trained_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(keys [n] int64, values [n, columns] float32) of every stored key, sorted by key, as numpy.
 
         `columns`: the leading columns of each value to return (the row:
         `dim`); None: the whole value (row, slots, bookkeeping).
+        `trained_only`: only keys with a trained row (not pending admission,
+        not on the disk tier).
         """
         keys, values = [], []
         for shard, device in zip(self.shards, self.devices):
             with tf.device(device):
-                part_keys, part_values = _live(*shard.export(), columns)
+                part_keys, part_values = _live(*shard.export(), None)
+                if trained_only:  # (a key an undone attempt left with zeros has no trained row either)
+                    keep = tf.logical_and(updates_of(part_values) > 0, seen_of(part_values) >= 0)
+                    part_keys, part_values = tf.boolean_mask(part_keys, keep), tf.boolean_mask(part_values, keep)
+                if columns is not None:
+                    part_values = part_values[:, :columns]
             keys.append(part_keys.numpy())
             values.append(part_values.numpy())
         keys = np.concatenate(keys) if keys else np.zeros([0], np.int64)
@@ -306,20 +336,39 @@ def _live(keys, values, columns):
     return tf.boolean_mask(keys, keep), values
 
 
+def remove(shard, keys):
+    """Removes `keys` from a shard (`MutableHashTable.remove`, `DenseHashTable.erase`).
+
+    On a DenseHashTable only where no key stays behind the tombstones (every
+    stored key removed at once): see `NativeTable._make_shards`.
+    """
+    if isinstance(shard, tf.lookup.experimental.MutableHashTable):
+        return shard.remove(keys)
+    return shard.erase(keys)
+
+
 def updates_of(values):
     """The `updates` column (int32) of whole table values [n, width]."""
-    return tf.bitcast(values[:, -2], tf.int32)
+    return tf.bitcast(values[:, -3], tf.int32)
 
 
 def last_steps_of(values):
     """The `last step` column (int32) of whole table values [n, width]."""
+    return tf.bitcast(values[:, -2], tf.int32)
+
+
+def seen_of(values):
+    """The `seen` column (int32) of whole table values [n, width]."""
     return tf.bitcast(values[:, -1], tf.int32)
 
 
-def bookkeeping(updates, last_step):
-    """The two bookkeeping columns [n, 2] float32 of int32 `updates` [n] and `last_step` (a scalar or [n])."""
-    last_step = tf.broadcast_to(tf.cast(last_step, tf.int32), tf.shape(updates))
-    return tf.stack([tf.bitcast(tf.cast(updates, tf.int32), tf.float32), tf.bitcast(last_step, tf.float32)], axis=1)
+def bookkeeping(updates, last_step, seen=None):
+    """The bookkeeping columns [n, 3] float32 of int32 `updates` [n], `last_step` and `seen` (scalars or [n])."""
+    shape = tf.shape(updates)
+    last_step = tf.broadcast_to(tf.cast(last_step, tf.int32), shape)
+    seen = tf.zeros(shape, tf.int32) if seen is None else tf.broadcast_to(tf.cast(seen, tf.int32), shape)
+    return tf.stack([tf.bitcast(tf.cast(updates, tf.int32), tf.float32), tf.bitcast(last_step, tf.float32),
+                     tf.bitcast(seen, tf.float32)], axis=1)
 
 
 def check_keys(keys):

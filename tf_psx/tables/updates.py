@@ -44,7 +44,7 @@ from tf_psx._tf import keras as _tf_keras, shadows as _shadows
 from tf_psx.errors import ArgumentError
 from tf_psx.tables import native as _native
 
-__all__ = ["TableRule", "table_update", "shard_steps", "SUPPORTED_OPTIMIZERS"]
+__all__ = ["TableRule", "table_update", "shard_steps", "shard_state", "SUPPORTED_OPTIMIZERS"]
 
 _keras = _tf_keras.keras()
 
@@ -179,8 +179,9 @@ class _Journal:
             keys = tf.reshape(self.keys.read(), [-1])
             values = tf.reshape(self.values.read(), [-1, self.width])
             existed = _native.updates_of(values) > 0
-            writes = [self.shard.insert(tf.boolean_mask(keys, existed), tf.boolean_mask(values, existed)),
-                      self.shard.erase(tf.boolean_mask(keys, tf.logical_not(existed)))]
+            # A key the attempt added goes back to the absent value (zeros) rather than being erased: an erase
+            # leaves a DenseHashTable tombstone (tf_psx.tables.native.remove). It then reads as absent.
+            writes = [self.shard.insert(keys, tf.where(tf.reshape(existed, [-1, 1]), values, tf.zeros_like(values)))]
             with tf.control_dependencies(writes):
                 return tf.constant(True)
 
@@ -191,7 +192,7 @@ class _Journal:
             return tf.cond(self.token.written(), saved_by_pending, lambda: tf.constant(True))
 
 
-def _shard_state(optimizer, table, index: int):
+def shard_state(optimizer, table, index: int):
     """((lock, step counter), key) of shard `index` of `table`, on its ps task."""
     device = table.devices[index]
     key = f"native/{table.name}/shard_{index}"
@@ -226,7 +227,7 @@ def table_update(layer, optimizer, gradient):
     done = []
     for index, (shard, device, position, shard_keys) in enumerate(
             zip(table.shards, table.devices, positions, parts)):
-        (lock, step), key = _shard_state(optimizer, table, index)
+        (lock, step), key = shard_state(optimizer, table, index)
         with tf.device(device):
             shard_keys = tf.identity(shard_keys)
             shard_lr = tf.identity(lr)
@@ -236,7 +237,7 @@ def table_update(layer, optimizer, gradient):
         def update(shard=shard, device=device, step=step, keys=shard_keys, grad=grad, lr=shard_lr,
                    journal=journal):
             with tf.device(device):
-                found = shard.lookup(keys)
+                found = tf.reshape(shard.lookup(keys), [-1, table.width])
                 present = _native.updates_of(found) > 0
                 # Absent keys start from their initial row (drawn for those keys only) and the initial slots.
                 absent = tf.where(tf.logical_not(present))
@@ -248,7 +249,9 @@ def table_update(layer, optimizer, gradient):
                                      rule.initial_slots(tf.size(keys), dim))
                 number = step.assign_add(1, read_value=True)
                 new_rows, new_slots = rule.apply(rows, slots, grad, lr, tf.cast(number, tf.float32), dim)
-                kept = _native.bookkeeping(_native.updates_of(found) + 1, number)
+                # `last step`: the steps the shard had applied when this one used the key (`iterations` at
+                # the lookup with one worker), as a policy's counting lookup writes it.
+                kept = _native.bookkeeping(_native.updates_of(found) + 1, number - 1, _native.seen_of(found))
                 value = tf.concat([new_rows, new_slots, kept], axis=1)
                 saved = [journal.save(token[0], keys, found)] if journal is not None else []
                 with tf.control_dependencies(saved):
