@@ -1,4 +1,7 @@
-"""ms/step of DynamicEmbedding (TFRA hash tables) against ShardedEmbedding, same model, 1 and 2 workers.
+"""ms/step of DynamicEmbedding (its default store) against ShardedEmbedding, same model, 1 and 2 workers.
+
+On the newest stack (no TFRA) DynamicEmbedding is on tf_psx's own tables (`table="native"`); where TFRA is
+installed, on TFRA's (and the "one table lock" variant is measured too).
 
 Setup: in-process LocalCluster with 1 or 2 workers and 2 ps, batch 256 x 8
 ids per worker step drawn uniformly from 100k ids, dim 32, mean pooling +
@@ -59,7 +62,18 @@ TARGET = 1.3
 
 
 ONE_LOCK = "DynamicEmbedding, one table lock"
-PAIRED = ("ShardedEmbedding", "DynamicEmbedding", ONE_LOCK)
+
+
+def _tfra_store() -> bool:
+    """True where DynamicEmbedding defaults to TFRA's tables (TFRA installed); else it is on tf_psx's own."""
+    from tf_psx._tf import tfra  # pylint: disable=import-outside-toplevel
+
+    return tfra.tfra_installed()
+
+
+# One table lock is a TFRA-store variant (tf_psx's own tables are always updated per shard).
+PAIRED = ("ShardedEmbedding", "DynamicEmbedding", ONE_LOCK) if _tfra_store() else ("ShardedEmbedding",
+                                                                                      "DynamicEmbedding")
 # `--split`: each table also with its layer frozen (trainable=False: the lookup and the rest of the step, no
 # update of the table), to split a step into the table's lookup and its update. 1 worker, paired.
 FROZEN = " (frozen)"
@@ -214,13 +228,14 @@ def main() -> None:
     rows = []
     for workers in [] if args.no_paired else args.workers:
         paired = {name: [run[name] for run in runs[("paired", workers)]] for name in PAIRED}
-        static, dynamic, one_lock = (paired[name] for name in PAIRED)
+        static, dynamic = paired["ShardedEmbedding"], paired["DynamicEmbedding"]
         for name in PAIRED:
             rows.append({"metric": f"{workers} worker(s): {name} ms/step (CPU ms/step)", "value": times(paired[name])})
         rows.append(ratio_row(f"{workers} worker(s): DynamicEmbedding / ShardedEmbedding",
                               ratios(dynamic, static, "ms_per_step"), TARGET, higher_is_better=False))
-        rows.append(ratio_row(f"{workers} worker(s): DynamicEmbedding, update per shard / one table lock",
-                              ratios(dynamic, one_lock, "ms_per_step"), higher_is_better=False))
+        if ONE_LOCK in paired:
+            rows.append(ratio_row(f"{workers} worker(s): DynamicEmbedding, update per shard / one table lock",
+                                  ratios(dynamic, paired[ONE_LOCK], "ms_per_step"), higher_is_better=False))
         if ("DynamicEmbedding+policy", workers) in runs:
             policy = runs[("DynamicEmbedding+policy", workers)]
             rows.append({"metric": f"{workers} worker(s): DynamicEmbedding+policy ms/step (CPU ms/step), alone "
@@ -245,15 +260,16 @@ def main() -> None:
     rows += kept_rows("dynamic_vs_static", rows)
     write_result(
         "dynamic_vs_static",
-        f"`model.fit` ms/step (whole cluster), steps_per_execution=1; ShardedEmbedding, DynamicEmbedding and "
-        f"DynamicEmbedding with one table lock (its whole update on its first ps task) in one process on one "
-        f"cluster, their windows "
+        f"`model.fit` ms/step (whole cluster), steps_per_execution=1; ShardedEmbedding, DynamicEmbedding"
+        + (" and DynamicEmbedding with one table lock (its whole update on its first ps task)" if _tfra_store()
+           else "") + " in one process on one cluster, their windows "
         f"interleaved: {PAIRED_WINDOWS} windows of {TIMED_STEPS} steps each after {WARMUP_STEPS} warm-up steps, "
         "a variant's number its fastest window (bench/_common.py time_fits_paired); "
         f"{args.rounds} rounds of fresh processes (build order rotated), ratios per round (median, min-max); "
         f"in-process LocalCluster with 1 or 2 workers and 2 ps; batch {BATCH} x "
         f"{IDS_PER_EXAMPLE} ids per worker step, uniform over {NUM_IDS:,}, dim {DIM}, mean pooling + Dense(1); "
-        "ShardedEmbedding (fixed:2, LazyAdam) against DynamicEmbedding (a TFRA table per ps, Adam). "
+        "ShardedEmbedding (fixed:2, LazyAdam) against DynamicEmbedding ("
+        + ("a TFRA table per ps" if _tfra_store() else "tf_psx's own tables: a DenseHashTable per ps") + ", Adam). "
         "Rows named 'alone in its process' (--with-singles): that variant alone, the fastest of 5 windows. "
         "Rows named 'split' (--split): ShardedEmbedding and DynamicEmbedding each also with its layer frozen "
         "(trainable=False: the lookup and the rest of the step, no table update), the four paired in one "

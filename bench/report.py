@@ -120,10 +120,27 @@ SUMMARY = {
         "is capped near (floor + stock's 16.9 ms) / floor = 3x even with a free lookup. The floor's CPU is "
         "mostly the worker's (8.0 of 13.0 ms per step: its input pipeline and the step function; the 2 ps tasks "
         "4.1). Taking more of the floor off is what would change it."),
+    "native_table_split": (
+        "Where does one shard's update of a native hash table spend its time, and why is the store DenseHashTable?",
+        "CTR: MutableHashTable find+insert / DenseHashTable find+insert (packed value)",
+        "One process, no cluster, TF 2.21 (run of 2026-12-07 20:27): the kernels a ps task runs for one shard's "
+        "update (find, Adam's rule, insert), each alone and together; the initial rows drawn for every key of a "
+        "step (in training only absent keys pay it). The transfer between worker and ps is not here "
+        "(dynamic_vs_static). A table whose keys eviction removes is a MutableHashTable (DenseHashTable's "
+        "erase leaves duplicates behind tombstones): its find and insert cost 3.35x (small) to 10.3x (CTR "
+        "scale) DenseHashTable's, so eviction policies make a table's update slower; not measured on a cluster."),
     "dynamic_vs_static": (
-        "Does a hash-table embedding (TFRA DynamicEmbedding) train as fast as a fixed sharded table?",
+        "Does a hash-table embedding (DynamicEmbedding: tf_psx's own tables on TF 2.21, TFRA's on TF 2.16.2) "
+        "train as fast as a fixed sharded table?",
         "1 worker(s): DynamicEmbedding / ShardedEmbedding",
-        "Run of 2026-12-06 18:42 (1 worker, 3 rounds), after the exact update stopped sending the forward rows of "
+        "Run of 2026-12-07 20:25 on TF 2.21 (3 rounds, paired), DynamicEmbedding on tf_psx's own tables (a "
+        "DenseHashTable per ps, row and Adam slots in one value, one find and one insert per shard under its "
+        "lock): 1.27 (1.23-1.28) with 1 worker, met; 1.29 (1.26-1.36) with 2, straddles 1.3. The runs below "
+        "are TFRA's tables on TF 2.16.2 (their file: bench/results/tf2.16/dynamic_vs_static.json). "
+        "bench/native_table_split.py splits one shard's update in one process (Adam, dim 32, ~2,000 keys: "
+        "find 0.32 ms, rule 0.80, insert 0.28, the three in one function 1.07; at CTR scale, dim 16 and ~52,500 "
+        "keys: 4.05, 3.61, 3.06, whole 16.3; MutableHashTable's find and insert 3.35x and 10.3x "
+        "DenseHashTable's). Run of 2026-12-06 18:42 (1 worker, 3 rounds), after the exact update stopped sending the forward rows of "
         "keys that existed at the lookup (a third of its value bytes; bench hash_table_wire): 1.91 (1.78-2.18), "
         "no change beyond the spread: on loopback those bytes were not what the step waits for. "
         "Run of 2026-12-06 23:14 (2 workers, 5 rounds, on the same code): 1.95 (1.55-2.38), missed; the run of "
