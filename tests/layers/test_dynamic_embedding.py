@@ -14,40 +14,28 @@ from tf_psx._tf import shadows as _shadows
 from tf_psx.layers import DynamicEmbedding
 
 from conftest import run_script
+from table_helpers import (BATCH, DIM, FIELDS, STEPS, WIRE_C, WIRE_LR, bfloat16, head, keys_and_labels,
+                           linear_wire_model, per_step_counts)
 
 pytestmark = [pytest.mark.unit, pytest.mark.tfra]  # DynamicEmbedding and TFRA clients: the TFRA stack (make test-tfra)
 
-FIELDS, DIM, BATCH, STEPS = 5, 4, 16, 8
 INIT = 0.1
 
 
-def _keys_and_labels():
-    # Large, sparse int64 keys (hashed categories), with many duplicates in
-    # every batch: 40 distinct keys, Zipf-like draws.
-    rng = np.random.default_rng(7)
-    vocab = (10**12 + rng.choice(10**9, size=40, replace=False)).astype(np.int64)
-    probs = np.arange(1, 41) ** -1.2
-    index = rng.choice(40, size=(BATCH * STEPS, FIELDS), p=probs / probs.sum())
-    labels = (index[:, 0] % 3 == 0).astype(np.float32)
-    return vocab, index, labels
 
 
-def _head(hidden):
-    dense = tf.keras.layers.Dense(1, activation="sigmoid",
-                                  kernel_initializer=tf.keras.initializers.GlorotUniform(seed=3))
-    return dense(tf.keras.layers.Flatten()(hidden))
 
 
 def _dynamic_model():
     inputs = tf.keras.Input((FIELDS,), dtype=tf.int64)
     layer = DynamicEmbedding(DIM, initializer=tf.keras.initializers.Constant(INIT))
-    return tf.keras.Model(inputs, _head(layer(inputs))), layer
+    return tf.keras.Model(inputs, head(layer(inputs))), layer
 
 
 def _static_model(vocab_size):
     inputs = tf.keras.Input((FIELDS,), dtype=tf.int64)
     layer = tf.keras.layers.Embedding(vocab_size, DIM, embeddings_initializer=tf.keras.initializers.Constant(INIT))
-    return tf.keras.Model(inputs, _head(layer(inputs)))
+    return tf.keras.Model(inputs, head(layer(inputs)))
 
 
 OPTIMIZERS = {
@@ -67,7 +55,7 @@ def _per_step_losses(model, data):
 @pytest.mark.cluster
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_one_worker_losses_equal_no_strategy_with_duplicate_ids(ps_strategy, optimizer):
-    vocab, index, labels = _keys_and_labels()
+    vocab, index, labels = keys_and_labels()
     keys = vocab[index]
     make_de_opt, make_static_opt = OPTIMIZERS[optimizer]
 
@@ -121,28 +109,6 @@ def test_table_lives_on_the_ps_tasks_and_keys_spread(ps_strategy):
         assert isinstance(buffer, _shadows._PerWorkerHandle), type(buffer).__mro__  # pylint: disable=protected-access
 
 
-# The linear model of the wire test: a sample's loss is C times the sum of
-# its rows, so a key's gradient in a step is C / BATCH times its
-# occurrences in the batch (summed once per key: TFRA looks up each key of a
-# batch once) whatever the rows are, and SGD's rows have a closed form.
-# C and INIT round in opposite directions in bfloat16, so their errors add up in every row.
-WIRE_C, WIRE_LR = 0.7, 0.5
-
-
-def _linear_wire_model(wire_dtype):
-    inputs = tf.keras.Input((FIELDS,), dtype=tf.int64)
-    layer = DynamicEmbedding(DIM, initializer=tf.keras.initializers.Constant(INIT), wire_dtype=wire_dtype)
-    scaled = tf.keras.layers.Lambda(lambda rows: tf.reduce_sum(rows, axis=[1, 2])[:, None] * WIRE_C)(layer(inputs))
-    model = tf.keras.Model(inputs, scaled)
-    model.compile(tf.keras.optimizers.SGD(WIRE_LR), lambda _y, pred: tf.reduce_sum(pred, axis=-1))
-    return model, layer
-
-
-def _bfloat16(value):
-    """`value` (float32) rounded to bfloat16, as float64."""
-    return tf.cast(tf.cast(tf.constant(value, tf.float32), tf.bfloat16), tf.float32).numpy().astype(np.float64)
-
-
 @pytest.mark.cluster
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
 def test_wire_dtype_rounds_rows_and_gradients_alike_with_and_without_a_strategy(ps_strategy, local_cluster, sync):
@@ -151,18 +117,17 @@ def test_wire_dtype_rounds_rows_and_gradients_alike_with_and_without_a_strategy(
     # on its way to the shard: the closed form is the same.
     if sync:
         ps_strategy = tf_psx.ParameterServerStrategy(local_cluster, partitioner="fixed:2", sync=True)
-    vocab, index, labels = _keys_and_labels()
+    vocab, index, labels = keys_and_labels()
     keys = vocab[index]
-    per_step = np.stack([np.bincount(index[step * BATCH:(step + 1) * BATCH].ravel(), minlength=len(vocab))
-                         for step in range(STEPS)])
+    per_step = per_step_counts(index, len(vocab))
 
     def dataset(_ctx=None):
         return tf.data.Dataset.from_tensor_slices((keys, labels)).batch(BATCH)
 
-    local, local_layer = _linear_wire_model("bfloat16")
+    local, local_layer = linear_wire_model("bfloat16")
     local.fit(dataset(), epochs=1, verbose=0)
     with ps_strategy.scope():
-        model, layer = _linear_wire_model("bfloat16")
+        model, layer = linear_wire_model("bfloat16")
     model.fit(tf.keras.utils.experimental.DatasetCreator(dataset), epochs=1, steps_per_epoch=STEPS, verbose=0)
     if sync:
         assert ps_strategy.sync_stats()["applied_steps"] == STEPS
@@ -170,7 +135,7 @@ def test_wire_dtype_rounds_rows_and_gradients_alike_with_and_without_a_strategy(
     # A new key's row is the initializer's, read through the wire (rounded),
     # then each step subtracts LR x its rounded gradient; float32 on the ps.
     gradients = per_step.astype(np.float32) * (np.float32(WIRE_C) / BATCH)
-    narrow = _bfloat16(INIT) - WIRE_LR * _bfloat16(gradients).sum(axis=0)
+    narrow = bfloat16(INIT) - WIRE_LR * bfloat16(gradients).sum(axis=0)
     wide = INIT - WIRE_LR * gradients.astype(np.float64).sum(axis=0)
     assert np.abs(narrow - wide).min() > 1e-4  # the closed forms tell the two apart for every key
     for table_layer in (local_layer, layer):
@@ -194,7 +159,7 @@ def test_wire_dtype_of_a_hash_table_must_be_a_half_float():
 def test_string_keys_are_hashed_and_grow_the_table():
     inputs = tf.keras.Input((3,), dtype=tf.string)
     layer = DynamicEmbedding(3, key_dtype=tf.string)
-    model = tf.keras.Model(inputs, _head(layer(inputs)))
+    model = tf.keras.Model(inputs, head(layer(inputs)))
     model.compile(tf.keras.optimizers.SGD(0.1), "binary_crossentropy")
     keys = np.array([["a", "b", "a"], ["zz", "b", "a"]])
     out = layer(tf.constant(keys)).numpy()

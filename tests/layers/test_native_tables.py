@@ -15,39 +15,27 @@ from tf_psx.layers import DynamicEmbedding
 from tf_psx.tables import native
 
 from conftest import run_script
+from table_helpers import (BATCH, DIM, FIELDS, STEPS, WIRE_C, WIRE_INIT, WIRE_LR, bfloat16, head, keys_and_labels,
+                           linear_wire_model, per_step_counts)
 
 pytestmark = [pytest.mark.unit, pytest.mark.smoke]
 
-FIELDS, DIM, BATCH, STEPS = 5, 4, 16, 8
 
 
-def _keys_and_labels():
-    # Large, sparse int64 keys (hashed categories), with many duplicates in
-    # every batch: 40 distinct keys, Zipf-like draws.
-    rng = np.random.default_rng(7)
-    vocab = (10**12 + rng.choice(10**9, size=40, replace=False)).astype(np.int64)
-    probs = np.arange(1, 41) ** -1.2
-    index = rng.choice(40, size=(BATCH * STEPS, FIELDS), p=probs / probs.sum())
-    labels = (index[:, 0] % 3 == 0).astype(np.float32)
-    return vocab, index, labels
 
 
-def _head(hidden):
-    dense = tf.keras.layers.Dense(1, activation="sigmoid",
-                                  kernel_initializer=tf.keras.initializers.GlorotUniform(seed=3))
-    return dense(tf.keras.layers.Flatten()(hidden))
 
 
 def _native_model(initializer=None, name="items", wire_dtype=None):
     inputs = tf.keras.Input((FIELDS,), dtype=tf.int64)
     layer = DynamicEmbedding(DIM, initializer=initializer, name=name, table="native", wire_dtype=wire_dtype)
-    return tf.keras.Model(inputs, _head(layer(inputs))), layer
+    return tf.keras.Model(inputs, head(layer(inputs))), layer
 
 
 def _static_model(vocab_size, rows):
     inputs = tf.keras.Input((FIELDS,), dtype=tf.int64)
     layer = tf.keras.layers.Embedding(vocab_size, DIM, embeddings_initializer=tf.keras.initializers.Constant(rows))
-    return tf.keras.Model(inputs, _head(layer(inputs))), layer
+    return tf.keras.Model(inputs, head(layer(inputs))), layer
 
 
 # A table's rule is the lazy one (touched rows only): LazyAdam's for Adam, the same for SGD and Adagrad.
@@ -69,7 +57,7 @@ def _per_step_losses(model, data):
 @pytest.mark.cluster
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_one_worker_equals_no_strategy_and_a_plain_embedding_with_duplicate_ids(ps_strategy, optimizer):
-    vocab, index, labels = _keys_and_labels()
+    vocab, index, labels = keys_and_labels()
     keys = vocab[index]
     make_table_opt, make_static_opt = OPTIMIZERS[optimizer]
 
@@ -141,7 +129,7 @@ def test_each_shard_is_a_table_on_its_ps_task_and_keys_spread(ps_strategy):
 def test_string_keys_are_hashed_and_only_training_inserts():
     inputs = tf.keras.Input((3,), dtype=tf.string)
     layer = DynamicEmbedding(3, key_dtype=tf.string, table="native")
-    model = tf.keras.Model(inputs, _head(layer(inputs)))
+    model = tf.keras.Model(inputs, head(layer(inputs)))
     model.compile(tf.keras.optimizers.SGD(0.1), "binary_crossentropy")
     keys = np.array([["a", "b", "a"], ["zz", "b", "a"]])
     out = layer(tf.constant(keys)).numpy()
@@ -265,39 +253,22 @@ def test_a_keras_file_holds_the_table_and_its_slots(tmp_path):
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
 
 
-# The linear model of the wire test: a sample's loss is C times the sum of its rows, so a key's gradient in a
-# step is C / BATCH times its occurrences in the batch (summed per key), whatever the rows, and SGD's rows have
-# a closed form.
-WIRE_C, WIRE_LR, WIRE_INIT = 0.7, 0.5, 0.1
-
-
-def _linear_wire_model(wire_dtype):
-    inputs = tf.keras.Input((FIELDS,), dtype=tf.int64)
-    layer = DynamicEmbedding(DIM, initializer=tf.keras.initializers.Constant(WIRE_INIT), wire_dtype=wire_dtype,
-                             table="native")
-    scaled = tf.keras.layers.Lambda(lambda rows: tf.reduce_sum(rows, axis=[1, 2])[:, None] * WIRE_C)(layer(inputs))
-    model = tf.keras.Model(inputs, scaled)
-    model.compile(tf.keras.optimizers.SGD(WIRE_LR), lambda _y, pred: tf.reduce_sum(pred, axis=-1))
-    return model, layer
-
-
 @pytest.mark.cluster
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
 def test_wire_dtype_rounds_gradients_on_the_wire_and_keeps_float32_rows(ps_strategy, local_cluster, sync):
     if sync:
         ps_strategy = tf_psx.ParameterServerStrategy(local_cluster, partitioner="fixed:2", sync=True)
-    vocab, index, labels = _keys_and_labels()
+    vocab, index, labels = keys_and_labels()
     keys = vocab[index]
-    per_step = np.stack([np.bincount(index[step * BATCH:(step + 1) * BATCH].ravel(), minlength=len(vocab))
-                         for step in range(STEPS)])
+    per_step = per_step_counts(index, len(vocab))
 
     def dataset(_ctx=None):
         return tf.data.Dataset.from_tensor_slices((keys, labels)).batch(BATCH)
 
-    local, local_layer = _linear_wire_model("bfloat16")
+    local, local_layer = linear_wire_model("bfloat16", table="native")
     local.fit(dataset(), epochs=1, verbose=0)
     with ps_strategy.scope():
-        model, layer = _linear_wire_model("bfloat16")
+        model, layer = linear_wire_model("bfloat16", table="native")
     model.fit(tf.keras.utils.experimental.DatasetCreator(dataset), epochs=1, steps_per_epoch=STEPS, verbose=0)
     if sync:
         assert ps_strategy.sync_stats()["applied_steps"] == STEPS
@@ -305,7 +276,7 @@ def test_wire_dtype_rounds_gradients_on_the_wire_and_keeps_float32_rows(ps_strat
     # A new key starts from the initializer's float32 row on its shard; each step subtracts LR x its gradient
     # rounded to bfloat16 on the way; the rows stay float32 on the ps.
     gradients = per_step.astype(np.float32) * (np.float32(WIRE_C) / BATCH)
-    rounded = tf.cast(tf.cast(tf.constant(gradients), tf.bfloat16), tf.float32).numpy().astype(np.float64)
+    rounded = bfloat16(gradients)
     narrow = np.float32(WIRE_INIT) - WIRE_LR * rounded.sum(axis=0)
     wide = np.float32(WIRE_INIT) - WIRE_LR * gradients.astype(np.float64).sum(axis=0)
     assert np.abs(narrow - wide).max() > 1e-4  # the closed forms tell the two apart
