@@ -79,6 +79,45 @@ class EvictionReport:
         return self.evicted_by_age + self.evicted_by_size
 
 
+def check_budget(layer_name: str, max_rows, unique):
+    """An error when one batch has more distinct keys than `max_rows` (eviction would drop what it trains)."""
+    if max_rows is None:
+        return tf.no_op()
+    message = (f"DynamicEmbedding `{layer_name}`: a batch has more distinct keys than max_rows={max_rows}, so "
+               "eviction would remove rows the step just trained. Distinct keys in the batch:")
+    fix = "Fix: raise max_rows well above the distinct keys of one batch (times the number of workers)."
+    n = tf.size(unique, out_type=tf.int64)
+    if tf.executing_eagerly():
+        if int(n) > max_rows:
+            raise tf.errors.InvalidArgumentError(None, None, f"{message} {int(n)}. {fix}")
+        return tf.no_op()
+    return tf.debugging.Assert(n <= max_rows, [message, n, fix], summarize=1)
+
+
+def choose_victims(last, admitted, pending, step: int, max_age_steps, max_rows, report: EvictionReport):
+    """The keys to evict (a bool mask), by age then by size; counts them in `report`. Shared by both stores.
+
+    By age: `last` more than `max_age_steps` behind `step`, rows and pending
+    counters alike. By size: the `max_rows` most recently used rows stay,
+    and pending counters have a budget of their own of the same size.
+    """
+    victim = np.zeros(len(last), bool)
+    if max_age_steps is not None:
+        old = (step - last) > max_age_steps
+        report.evicted_by_age = int(np.sum(old & admitted))
+        report.pending_dropped += int(np.sum(old & pending))
+        victim |= old & (admitted | pending)
+    if max_rows is not None:
+        for group, field in ((admitted, "evicted_by_size"), (pending, "pending_dropped")):
+            alive = np.flatnonzero(group & ~victim)
+            if len(alive) > max_rows:
+                order = np.argsort(-last[alive], kind="stable")
+                drop = alive[order[max_rows:]]
+                victim[drop] = True
+                setattr(report, field, getattr(report, field) + len(drop))
+    return victim
+
+
 class TablePolicy:
     """Admission (`min_count`), eviction (`max_age_steps`, `max_rows`) and the disk tier of one table.
 
@@ -146,18 +185,7 @@ class TablePolicy:
 
     def check_budget(self, unique: tf.Tensor):
         """An error when one batch has more distinct keys than `max_rows` (eviction would drop what it trains)."""
-        if self.max_rows is None:
-            return tf.no_op()
-        message = (f"DynamicEmbedding `{self.layer.name}`: a batch has more distinct keys than max_rows="
-                   f"{self.max_rows}, so eviction would remove rows the step just trained. Distinct keys in "
-                   "the batch:")
-        fix = "Fix: raise max_rows well above the distinct keys of one batch (times the number of workers)."
-        n = tf.size(unique, out_type=tf.int64)
-        if tf.executing_eagerly():
-            if int(n) > self.max_rows:
-                raise tf.errors.InvalidArgumentError(None, None, f"{message} {int(n)}. {fix}")
-            return tf.no_op()
-        return tf.debugging.Assert(n <= self.max_rows, [message, n, fix], summarize=1)
+        return check_budget(self.layer.name, self.max_rows, unique)
 
     # -- reading state (coordinator) -------------------------------------------
 
@@ -197,22 +225,7 @@ class TablePolicy:
         admitted = counts >= self.min_count
         pending = (counts >= 0) & ~admitted
         spilled = counts == SPILLED
-        victim = np.zeros(len(keys), bool)
-        if self.max_age_steps is not None:
-            old = (step - last) > self.max_age_steps
-            report.evicted_by_age = int(np.sum(old & admitted))
-            report.pending_dropped += int(np.sum(old & pending))
-            victim |= old & (admitted | pending)
-        if self.max_rows is not None:
-            for group, field in ((admitted, "evicted_by_size"), (pending, "pending_dropped")):
-                # The max_rows most recently used stay (pending counters have a
-                # budget of their own, of the same size).
-                alive = np.flatnonzero(group & ~victim)
-                if len(alive) > self.max_rows:
-                    order = np.argsort(-last[alive], kind="stable")
-                    drop = alive[order[self.max_rows:]]
-                    victim[drop] = True
-                    setattr(report, field, getattr(report, field) + len(drop))
+        victim = choose_victims(last, admitted, pending, step, self.max_age_steps, self.max_rows, report)
         rows_victims = victim & admitted
         if np.any(victim):
             removed, report.spilled, report.locked_seconds = self._remove(keys[victim], last[victim],

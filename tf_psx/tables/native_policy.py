@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from tf_psx._tf import lock_release as _lock_release
 from tf_psx.tables import native as _native
-from tf_psx.tables.lifecycle import SPILLED, DiskTier, EvictionReport
+from tf_psx.tables.lifecycle import SPILLED, DiskTier, EvictionReport, check_budget, choose_victims
 
 __all__ = ["NativePolicy"]
 
@@ -88,18 +88,7 @@ class NativePolicy:
 
     def check_budget(self, unique):
         """An error when one batch has more distinct keys than `max_rows` (eviction would drop what it trains)."""
-        if self.max_rows is None:
-            return tf.no_op()
-        message = (f"DynamicEmbedding `{self.layer.name}`: a batch has more distinct keys than max_rows="
-                   f"{self.max_rows}, so eviction would remove rows the step just trained. Distinct keys in "
-                   "the batch:")
-        fix = "Fix: raise max_rows well above the distinct keys of one batch (times the number of workers)."
-        n = tf.size(unique, out_type=tf.int64)
-        if tf.executing_eagerly():
-            if int(n) > self.max_rows:
-                raise tf.errors.InvalidArgumentError(None, None, f"{message} {int(n)}. {fix}")
-            return tf.no_op()
-        return tf.debugging.Assert(n <= self.max_rows, [message, n, fix], summarize=1)
+        return check_budget(self.layer.name, self.max_rows, unique)
 
     def counted_lookup(self, unique, occurrences, wire=None):
         """(rows [n, dim], admitted [n], trained [n]) of distinct `unique` keys, counting `occurrences` on each shard.
@@ -219,20 +208,7 @@ class NativePolicy:
         admitted = (updates > 0) & ~spilled
         pending = ~admitted & ~spilled
         report = EvictionReport(table.name, step, rows_before=int(admitted.sum()), rows_after=0)
-        victim = np.zeros(len(keys), bool)
-        if self.max_age_steps is not None:
-            old = (step - last) > self.max_age_steps
-            report.evicted_by_age = int(np.sum(old & admitted))
-            report.pending_dropped += int(np.sum(old & pending))
-            victim |= old & (admitted | pending)
-        if self.max_rows is not None:
-            for group, field in ((admitted, "evicted_by_size"), (pending, "pending_dropped")):
-                alive = np.flatnonzero(group & ~victim)
-                if len(alive) > self.max_rows:
-                    order = np.argsort(-last[alive], kind="stable")
-                    drop = alive[order[self.max_rows:]]
-                    victim[drop] = True
-                    setattr(report, field, getattr(report, field) + len(drop))
+        victim = choose_victims(last, admitted, pending, step, self.max_age_steps, self.max_rows, report)
         if np.any(victim):
             removed, report.spilled, report.locked_seconds = self._remove(keys[victim], last[victim],
                                                                           admitted[victim], step)
