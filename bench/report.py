@@ -135,7 +135,8 @@ SUMMARY = {
         "1 worker(s): DynamicEmbedding / ShardedEmbedding",
         "Run of 2026-12-07 20:25 on TF 2.21 (3 rounds, paired), DynamicEmbedding on tf_psx's own tables (a "
         "DenseHashTable per ps, row and Adam slots in one value, one find and one insert per shard under its "
-        "lock): 1.27 (1.23-1.28) with 1 worker, met; 1.29 (1.26-1.36) with 2, straddles 1.3. The runs below "
+        "lock): 1.27 (1.23-1.28) with 1 worker, met; 1.29 (1.26-1.36) with 2, straddling 1.3, then 1.24 "
+        "(1.19-1.28) with 2 in a 5-round run at 21:05 (the file's 2-worker rows), met. The runs below "
         "are TFRA's tables on TF 2.16.2 (their file: bench/results/tf2.16/dynamic_vs_static.json). "
         "bench/native_table_split.py splits one shard's update in one process (Adam, dim 32, ~2,000 keys: "
         "find 0.32 ms, rule 0.80, insert 0.28, the three in one function 1.07; at CTR scale, dim 16 and ~52,500 "
