@@ -25,7 +25,8 @@ example's gradient is GRAD / workers: pass --batches divisible by the
 workers, so that no partial step (fewer gradients) is flushed.
 
 Usage: exact_epochs.py --workers 2 [--sync] [--straggler] [--batches 40] [--inputs arrays,dataset,unknown]
-  [--epochs 2] [--steps-per-execution 1] [--break-input] [--tfra]
+  [--epochs 2] [--steps-per-execution 1] [--break-input] [--tfra | --native]
+`--native`: the rows are a DynamicEmbedding on tf_psx's own hash tables (each example's id is its key).
 `--break-input` reads one batch twice and skips another (the check must fail).
 """
 
@@ -121,7 +122,7 @@ def steps_of(values, g: float = OFFSET_GRAD, limit: int = 20000) -> list[int]:
     return found
 
 
-def build(strategy, rows: int, tfra: bool = False, name: str = "rows", dense: bool = False):
+def build(strategy, rows: int, tfra: bool = False, name: str = "rows", dense: bool = False, native: bool = False):
     """The counting model; with `tfra`, written as TFRA's demos write it (TFRA's layer, a legacy optimizer).
 
     With `dense`, the output also carries `Offsets` (dense variables that count the steps applied).
@@ -136,6 +137,9 @@ def build(strategy, rows: int, tfra: bool = False, name: str = "rows", dense: bo
                                               devices=[f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(2)])
             optimizer = de.DynamicEmbeddingOptimizer(
                 tf.keras.optimizers.legacy.Adagrad(LR, initial_accumulator_value=A0))
+        elif native:
+            layer = tf_psx.layers.DynamicEmbedding(1, initializer="zeros", name=name, table="native")
+            optimizer = tf.keras.optimizers.Adagrad(LR, initial_accumulator_value=A0)
         else:
             layer = tf.keras.layers.Embedding(rows, 1, embeddings_initializer="zeros", name=name)
             optimizer = tf.keras.optimizers.Adagrad(LR, initial_accumulator_value=A0)
@@ -147,8 +151,13 @@ def build(strategy, rows: int, tfra: bool = False, name: str = "rows", dense: bo
     return model
 
 
-def rows_of(model, count: int, tfra: bool, name: str = "rows") -> list[float]:
-    """Row i of the table for ids 0..count-1 (a TFRA table is looked up on the coordinator)."""
+def rows_of(model, count: int, tfra: bool, name: str = "rows", native: bool = False) -> list[float]:
+    """Row i of the table for ids 0..count-1 (a hash table is read on the coordinator)."""
+    if native:
+        keys, rows = model.get_layer(name).export()
+        table = np.zeros(count, np.float64)
+        table[keys] = rows[:, 0]
+        return table.tolist()
     if not tfra:
         return tf_psx.unsharded_weights(model)[0][:count, 0].tolist()
     params = model.get_layer(name).params
@@ -179,11 +188,12 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, default=BATCHES, help="batches of one pass")
     parser.add_argument("--break-input", action="store_true")
     parser.add_argument("--tfra", action="store_true", help="TFRA's own layer and a legacy optimizer")
+    parser.add_argument("--native", action="store_true", help="a DynamicEmbedding on tf_psx's own hash tables")
     args = parser.parse_args(argv)
     with tf_psx.LocalCluster(num_workers=args.workers, num_ps=2, processes=args.straggler) as cluster:
         strategy = tf_psx.ParameterServerStrategy(cluster, "fixed:2", sync=args.sync)
         for name in args.inputs.split(","):
-            model = build(strategy, args.batches * BATCH, args.tfra, name=f"rows_{name}")
+            model = build(strategy, args.batches * BATCH, args.tfra, name=f"rows_{name}", native=args.native)
             if args.steps_per_execution != 1:
                 model.compile(model.optimizer, model.loss, steps_per_execution=args.steps_per_execution)
             x, y = inputs_of(name, args.break_input, args.batches)
@@ -191,7 +201,7 @@ def main(argv=None) -> int:
 
             class Rows(tf.keras.callbacks.Callback):
                 def on_epoch_end(self, epoch, logs=None):
-                    per_epoch.append(rows_of(model, args.batches * BATCH, args.tfra, f"rows_{name}"))
+                    per_epoch.append(rows_of(model, args.batches * BATCH, args.tfra, f"rows_{name}", args.native))
 
             slow = Straggler(cluster.pid("worker", 0)) if args.straggler else None
             try:

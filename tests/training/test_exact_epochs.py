@@ -74,6 +74,13 @@ def test_four_workers_async_train_every_example_once_per_epoch():
     _assert_exact(_results("--workers", "4", "--epochs", "2"), {"arrays", "dataset", "unknown"})
 
 
+@pytest.mark.smoke
+def test_two_workers_async_train_every_row_of_a_native_hash_table_once_per_epoch():
+    # The rows are a DynamicEmbedding on tf_psx's own tables: each example's id is its key, read back with export().
+    _assert_exact(_results("--workers", "2", "--epochs", "2", "--native", "--inputs", "arrays,dataset"),
+                  {"arrays", "dataset"})
+
+
 def test_three_workers_sync_with_steps_per_execution_train_every_example_once_per_epoch():
     results = _results("--workers", "3", "--sync", "--epochs", "2", "--steps-per-execution", "3", "--batches", "42",
                        "--inputs", "arrays,dataset")
