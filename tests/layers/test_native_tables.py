@@ -320,3 +320,39 @@ def test_a_snapshot_of_tfra_tables_restores_into_native_tables(ps_strategy):
     # Every shard's step counter goes on from the snapshot's 6 steps (Adam's bias correction).
     model.fit(np.asarray(expected["keys"][:4])[None, :], np.zeros([1]), verbose=0)
     assert tf_psx.tables.updates.shard_steps(model.optimizer, layer.native_table) == [7, 7]
+
+
+@pytest.mark.cluster
+def test_periodic_sync_resumes_a_snapshot_of_tfra_tables_into_native_tables(ps_strategy, tmp_path):
+    # The committed TFRA checkpoint made into a PeriodicSync snapshot of step 6 (one epoch of 6 steps): fit
+    # resumes from it, restoring the TFRA tables into the native table (tf_psx.tables.from_tfra), and has no
+    # step left to run in that epoch.
+    import glob  # pylint: disable=import-outside-toplevel
+    import shutil  # pylint: disable=import-outside-toplevel
+
+    from tf_psx.snapshots import store as snapshot_store  # pylint: disable=import-outside-toplevel
+
+    def write(prefix):
+        for path in glob.glob(os.path.join(TFRA_SNAPSHOT, "ckpt.*")):
+            shutil.copy(path, prefix + path[len(os.path.join(TFRA_SNAPSHOT, "ckpt")):])
+
+    directory = str(tmp_path / "snapshots")
+    snapshot_store.SnapshotStore(directory, max_to_keep=2).commit(
+        6, write, {"epoch": 0, "step_in_epoch": 6, "steps_per_epoch": 6, "seconds": 0.0})
+    expected = np.load(os.path.join(TFRA_SNAPSHOT, "expected.npz"))
+    with ps_strategy.scope():
+        inputs = tf.keras.Input((4,), dtype=tf.int64)
+        layer = DynamicEmbedding(3, name="items", table="native", initializer="zeros")
+        model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, name="head")(tf.keras.layers.Flatten()(layer(inputs))))
+        model.compile(tf.keras.optimizers.Adam(0.05), "mse")
+    sync = tf_psx.callbacks.PeriodicSync(every_n_steps=6, directory=directory)
+    keys = np.asarray(expected["keys"][:4])[None, :].repeat(8, axis=0)
+    model.fit(tf.keras.utils.experimental.DatasetCreator(
+        lambda _: tf.data.Dataset.from_tensor_slices((keys, np.zeros(8, np.float32))).batch(8).repeat()),
+        epochs=1, steps_per_epoch=6, verbose=0, callbacks=[sync])
+    assert sync.restored is not None and sync.restored.step == 6
+    exported_keys, values = layer.native_table.export()
+    np.testing.assert_array_equal(exported_keys, expected["keys"])
+    np.testing.assert_array_equal(values[:, :3], expected["rows"])
+    np.testing.assert_array_equal(values[:, 3:6], expected["m"])
+    assert int(model.optimizer.iterations.numpy()) == 6
