@@ -356,3 +356,26 @@ def test_periodic_sync_resumes_a_snapshot_of_tfra_tables_into_native_tables(ps_s
     np.testing.assert_array_equal(values[:, :3], expected["rows"])
     np.testing.assert_array_equal(values[:, 3:6], expected["m"])
     assert int(model.optimizer.iterations.numpy()) == 6
+
+
+@pytest.mark.cluster
+def test_sync_switch_trains_a_native_table_by_the_closed_form_in_both_modes(local_cluster):
+    # loss = mean over the batch of the sum of the rows: key k's gradient is (its occurrences per batch) / 8 in
+    # every step, async or sync (a sync step of one worker applies that one gradient), so after S SGD steps its
+    # row is -lr * S * that gradient, whichever mode applied each step.
+    strategy = tf_psx.ParameterServerStrategy(local_cluster, sync="switchable")
+    with strategy.scope():
+        inputs = tf.keras.Input((2,), dtype=tf.int64)
+        layer = DynamicEmbedding(2, initializer="zeros", name="switched", table="native")
+        model = tf.keras.Model(inputs, tf.keras.layers.Lambda(lambda r: tf.reduce_sum(r, axis=[1, 2]))(layer(inputs)))
+        model.compile(tf.keras.optimizers.SGD(0.1), loss=lambda y, p: p)
+    x = np.array([[7, 7], [7, 9]] * 4, np.int64)  # per batch of 8: key 7 twelve times, key 9 four times
+    data = tf.data.Dataset.from_tensor_slices((x, np.zeros(8, np.float32))).repeat().batch(8)
+    switch = tf_psx.callbacks.SyncSwitch(to="sync", at_step=5)
+    model.fit(data, epochs=2, steps_per_epoch=6, callbacks=[switch], verbose=0)
+    stats = strategy.sync_stats()
+    assert switch.switched_at_step == 5 and stats["applied_steps"] == 7, stats
+    assert int(model.optimizer.iterations.numpy()) == 12
+    keys, rows = layer.export()
+    np.testing.assert_array_equal(keys, [7, 9])
+    np.testing.assert_allclose(rows, [[-0.1 * 12 * 12 / 8] * 2, [-0.1 * 12 * 4 / 8] * 2], rtol=1e-6)
