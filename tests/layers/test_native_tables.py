@@ -379,3 +379,14 @@ def test_sync_switch_trains_a_native_table_by_the_closed_form_in_both_modes(loca
     keys, rows = layer.export()
     np.testing.assert_array_equal(keys, [7, 9])
     np.testing.assert_allclose(rows, [[-0.1 * 12 * 12 / 8] * 2, [-0.1 * 12 * 4 / 8] * 2], rtol=1e-6)
+
+
+def test_an_h5_file_is_refused_for_a_native_table_naming_the_formats_that_hold_it(tmp_path):
+    layer = DynamicEmbedding(2, table="native", name="items")
+    inputs = tf.keras.Input((2,), dtype="int64")
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(layer(inputs))))
+    model.compile(tf.keras.optimizers.SGD(0.1), loss="mse")
+    model.fit(np.array([[3, 9]]), np.ones([1]), verbose=0)
+    for save in (lambda: model.save(tmp_path / "model.h5"), lambda: model.save_weights(str(tmp_path / "w.h5"))):
+        with pytest.raises(tf_psx.errors.StateError, match=r"an \.h5 file cannot hold.*Fix: model\.save\(\"model\.keras\"\)"):
+            save()

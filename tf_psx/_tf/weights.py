@@ -55,6 +55,11 @@ def _install_h5() -> None:
     original = hdf5_format._legacy_weights  # pylint: disable=protected-access
 
     def _legacy_weights(layer):
+        # A layer whose state an h5 file cannot hold says so (tf_psx's native hash tables: `h5_refusal`).
+        refusal = getattr(layer, "h5_refusal", None)
+        error = refusal() if callable(refusal) else None
+        if error is not None:
+            raise error
         weights = layer.trainable_weights + layer.non_trainable_weights
         if not any(sharded_container(weight) is not None for weight in weights):
             return original(layer)

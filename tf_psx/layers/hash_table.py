@@ -429,6 +429,16 @@ class DynamicEmbedding(_keras.layers.Layer):
             return np.zeros([0], np.int64), np.zeros([0, self.output_dim], np.float32)
         return self.native_table.export(columns=self.output_dim, trained_only=True)
 
+    def h5_refusal(self):
+        """The error an `.h5` file of this layer raises (tf_psx._tf.weights), or None: a native table has no h5 form."""
+        if self.store != "native":
+            return None
+        return StateError(
+            f"DynamicEmbedding {self.name} keeps its rows in a hash table, which an .h5 file cannot hold (it would "
+            "hold the layer's scalar anchor only, and the rows would be lost). Received: an .h5 path. Fix: "
+            "model.save(\"model.keras\") or model.save_weights(\"ckpt\") (TensorFlow's checkpoint format), or "
+            "tf_psx.export_serving(model, path) for serving.")
+
     def save_own_variables(self, store):
         """The `.keras` file's entry of this layer: a native table's keys and whole values beside the anchor."""
         super().save_own_variables(store)
