@@ -297,17 +297,23 @@ def test_wire_dtype_rounds_gradients_on_the_wire_and_keeps_float32_rows(ps_strat
 TFRA_SNAPSHOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "tfra_snapshot")
 
 
+def _snapshot_model(strategy):
+    """(model, layer): the model of tests/data/tfra_snapshot built on a native table, compiled in `strategy`."""
+    with strategy.scope():
+        inputs = tf.keras.Input((4,), dtype=tf.int64)
+        layer = DynamicEmbedding(3, name="items", table="native", initializer="zeros")
+        model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, name="head")(tf.keras.layers.Flatten()(layer(inputs))))
+        model.compile(tf.keras.optimizers.Adam(0.05), "mse")
+    return model, layer
+
+
 @pytest.mark.cluster
 def test_a_snapshot_of_tfra_tables_restores_into_native_tables(ps_strategy):
     # tests/data/tfra_snapshot: a TFRA-backed DynamicEmbedding(3, name="items") + Dense "head", Adam(0.05),
     # 6 steps on 1 worker and 2 ps tasks (2 shards of rows, m and v), written on the TFRA stack by
     # tests/scripts/make_tfra_snapshot.py with what it read from TFRA's tables.
     expected = np.load(os.path.join(TFRA_SNAPSHOT, "expected.npz"))
-    with ps_strategy.scope():
-        inputs = tf.keras.Input((4,), dtype=tf.int64)
-        layer = DynamicEmbedding(3, name="items", table="native", initializer="zeros")
-        model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, name="head")(tf.keras.layers.Flatten()(layer(inputs))))
-        model.compile(tf.keras.optimizers.Adam(0.05), "mse")
+    model, layer = _snapshot_model(ps_strategy)
     loaded = tf_psx.tables.restore_from_tfra(model, os.path.join(TFRA_SNAPSHOT, "ckpt"))
     assert loaded == ["items"]
     keys, values = layer.native_table.export()
@@ -340,11 +346,7 @@ def test_periodic_sync_resumes_a_snapshot_of_tfra_tables_into_native_tables(ps_s
     snapshot_store.SnapshotStore(directory, max_to_keep=2).commit(
         6, write, {"epoch": 0, "step_in_epoch": 6, "steps_per_epoch": 6, "seconds": 0.0})
     expected = np.load(os.path.join(TFRA_SNAPSHOT, "expected.npz"))
-    with ps_strategy.scope():
-        inputs = tf.keras.Input((4,), dtype=tf.int64)
-        layer = DynamicEmbedding(3, name="items", table="native", initializer="zeros")
-        model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, name="head")(tf.keras.layers.Flatten()(layer(inputs))))
-        model.compile(tf.keras.optimizers.Adam(0.05), "mse")
+    model, layer = _snapshot_model(ps_strategy)
     sync = tf_psx.callbacks.PeriodicSync(every_n_steps=6, directory=directory)
     keys = np.asarray(expected["keys"][:4])[None, :].repeat(8, axis=0)
     model.fit(tf.keras.utils.experimental.DatasetCreator(

@@ -37,6 +37,8 @@ Importing this module imports TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
+
 import tensorflow as tf
 
 from tf_psx import exact_updates as _exact, step_once as _step_once
@@ -196,20 +198,8 @@ def shard_state(optimizer, table, index: int):
     """((lock, step counter), key) of shard `index` of `table`, on its ps task."""
     device = table.devices[index]
     key = f"native/{table.name}/shard_{index}"
-    scope = (lambda: tf.device(device)) if device is not None else _no_scope
+    scope = (lambda: tf.device(device)) if device is not None else contextlib.nullcontext
     return _exact.lock_state(optimizer, key, scope, device or ""), key
-
-
-class _NoScope:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _no_scope():
-    return _NoScope()
 
 
 def table_update(layer, optimizer, gradient):
