@@ -12,7 +12,7 @@ each ps. steps_per_execution=1.
 
 Paired (the default): ShardedEmbedding, DynamicEmbedding (its exact update
 made per shard, on the ps task that owns the shard, under the shard's lock:
-tf_psx.exact_tables) and "DynamicEmbedding, one table lock" (the same traced
+tf_psx.tables.tfra_updates) and "DynamicEmbedding, one table lock" (the same traced
 with TABLE_UPDATES_PER_SHARD off: the whole table's update on its first ps
 task under one lock, as a table with a policy is updated) in one process on one
 cluster, one model each, their timed windows interleaved (bench/_common.py
@@ -124,7 +124,7 @@ def child(name: str, workers: str, shift: str) -> None:
 
     from _common import (  # pylint: disable=import-outside-toplevel
         WINDOWS, fit_runner, kernel_ms, time_fit_cpu, time_fits_paired)
-    from tf_psx import exact_tables  # pylint: disable=import-outside-toplevel
+    from tf_psx.tables import tfra_updates as exact_tables  # pylint: disable=import-outside-toplevel
 
     cluster = tf_psx.LocalCluster(num_workers=int(workers), num_ps=2).start()
     strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2", exact_updates=(name != TFRA_APPLY))

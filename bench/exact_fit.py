@@ -25,13 +25,13 @@ Variants, each in a fresh process:
   On one 2-core machine the data worker shares the cores with everything
   else, so this shows the coordinator's CPU per step, not the gain of
   readers on other hosts;
-* exact_arrays_nojournal: exact_arrays with `tf_psx.step_once.JOURNAL`
+* exact_arrays_nojournal: exact_arrays with `tf_psx.training.step_once.JOURNAL`
   off (no copy of the rows an update writes): what the journal costs;
 * exact_arrays_notokens: exact_arrays with no step token seen by the
-  updates (`tf_psx.step_once.current` returns None: no ring, no journal,
+  updates (`tf_psx.training.step_once.current` returns None: no ring, no journal,
   a re-run applied again): what the tokens cost in all;
 * exact_arrays_unfolded: exact_arrays with the step's `iterations` bump
-  under its own lock and ring (`tf_psx.exact_updates.FOLD_ITERATIONS`
+  under its own lock and ring (`tf_psx.training.exact_updates.FOLD_ITERATIONS`
   off): what making it in its ps task's unit of dense updates saves.
 
 By default (`--variants paired,paired_straggler,paired_spe10`) the comparisons run
@@ -91,18 +91,18 @@ def child(variant: str) -> None:
     from _common import Straggler, _cpu_ms  # pylint: disable=import-outside-toplevel
     from fused_embeddings import BATCH, batches, build  # pylint: disable=import-outside-toplevel
 
-    if variant.endswith("_nojournal"):  # the journal's cost (tf_psx.step_once.JOURNAL)
-        from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    if variant.endswith("_nojournal"):  # the journal's cost (tf_psx.training.step_once.JOURNAL)
+        from tf_psx.training import step_once  # pylint: disable=import-outside-toplevel
 
         step_once.JOURNAL = False
         variant = variant[: -len("_nojournal")]
     if variant.endswith("_notokens"):  # everything the step tokens cost (no re-run is then applied once)
-        from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+        from tf_psx.training import step_once  # pylint: disable=import-outside-toplevel
 
         step_once.current = lambda: None
         variant = variant[: -len("_notokens")]
     if variant.endswith("_unfolded"):  # the `iterations` bump under its own lock and ring
-        from tf_psx import exact_updates  # pylint: disable=import-outside-toplevel
+        from tf_psx.training import exact_updates  # pylint: disable=import-outside-toplevel
 
         exact_updates.FOLD_ITERATIONS = False
         variant = variant[: -len("_unfolded")]
@@ -175,7 +175,7 @@ def paired_child(kind: str) -> None:
 
     from _common import Straggler, time_fits_paired  # pylint: disable=import-outside-toplevel
     from fused_embeddings import BATCH, batches, build  # pylint: disable=import-outside-toplevel
-    from tf_psx import exact_updates, step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx.training import exact_updates, step_once  # pylint: disable=import-outside-toplevel
 
     names = PAIRED[kind]
     cluster, strategy = _cluster_and_strategy()

@@ -20,7 +20,7 @@ with --data, e.g. the 200 real rows of examples/data/criteo_kaggle_sample.tsv:
   checks that it predicts what the trained model predicts.
 
 Two workers by default: their asynchronous updates of the hash table are
-exact (tf_psx/exact_updates.py): one worker's update of a row never
+exact (tf_psx/training/exact_updates.py): one worker's update of a row never
 overwrites another's.
 
 On 200 rows this is a smoke run, not a benchmark: the loss and AUC it

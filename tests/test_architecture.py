@@ -96,7 +96,7 @@ def test_every_public_error_is_a_tfpsx_error():
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize("module", ["tf_psx.cluster", "tf_psx.errors", "tf_psx.cluster.k8s", "tf_psx.cli", "tf_psx.snapshots", "tf_psx.netproxy", "tf_psx.metrics", "tf_psx.stalls", "tf_psx.cluster.preflight", "tf_psx.cluster.ports", "tf_psx.launch", "tf_psx.redaction"])
+@pytest.mark.parametrize("module", ["tf_psx.cluster", "tf_psx.errors", "tf_psx.cluster.k8s", "tf_psx.cli", "tf_psx.snapshots", "tf_psx.netproxy", "tf_psx.metrics", "tf_psx.training.stalls", "tf_psx.cluster.preflight", "tf_psx.cluster.ports", "tf_psx.launch", "tf_psx.redaction"])
 def test_light_modules_do_not_import_tensorflow(module):
     import subprocess  # pylint: disable=import-outside-toplevel
     import sys  # pylint: disable=import-outside-toplevel
@@ -462,3 +462,27 @@ def test_the_import_graph_finds_a_lazy_cycle(tmp_path):
                      "pkg.sub.c": {"pkg.sub.d", "pkg.a"}, "pkg.sub.d": set()}, graph
     assert _find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.processes
+def test_moved_modules_import_by_their_old_names():
+    """`tf_psx.stalls`, `tf_psx.exact_updates`, ... moved into packages: the old names are the same module objects."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+
+    code = ("import sys, tf_psx, tf_psx.stalls, tf_psx.training.stalls\n"
+            "from tf_psx import step_once\n"
+            "from tf_psx.training import step_once as moved\n"
+            "assert tf_psx.stalls is tf_psx.training.stalls and step_once is moved\n"
+            "assert sys.modules['tf_psx.stalls'] is tf_psx.training.stalls\n"
+            "import tf_psx.exact_tables, tf_psx.tables.tfra_updates\n"
+            "assert tf_psx.exact_tables is tf_psx.tables.tfra_updates\n"
+            "assert callable(tf_psx.exact_updates.rerun_counts)\n"
+            "try:\n    import tf_psx.no_such_module\nexcept ImportError:\n    print('refused')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "refused"
+
+
+def test_fewer_than_16_top_level_modules():
+    top = sorted(name for name in os.listdir(PACKAGE) if name.endswith(".py") and name != "__init__.py")
+    assert len(top) < 16, top

@@ -12,7 +12,10 @@ from tf_psx import _quiet
 _quiet.quiet_cpp_logs()  # before TF loads: its C++ INFO lines (gRPC option dumps) off
 _quiet.quiet_tensorflow_import()  # TF 2.21's native lines at import, which no log level reaches
 import importlib
+import importlib.abc
+import importlib.util
 import logging as _logging
+import sys
 
 from tf_psx._tf import keras as _tf_keras  # noqa: F401  (sets TF_USE_LEGACY_KERAS before tf.keras loads)
 
@@ -40,6 +43,11 @@ _EXPORTS = {
 _SUBMODULES = {name: f"tf_psx.{name}" for name in (
     "partitioners", "data", "cluster", "strategies", "optimizers", "layers", "tables", "callbacks", "launch", "weights", "errors")}
 _SUBMODULES["local"] = "tf_psx.cluster.local"
+# Modules that moved into packages, by their old names: `import tf_psx.stalls`,
+# `from tf_psx import step_once` and `tf_psx.exact_updates.rerun_counts` still work.
+_MOVED = {f"tf_psx.{name}": f"tf_psx.training.{name}" for name in (
+    "exact_compile", "exact_updates", "step_once", "sync_training", "sync_accumulators", "stalls")}
+_MOVED["tf_psx.exact_tables"] = "tf_psx.tables.tfra_updates"
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
@@ -54,6 +62,23 @@ if not _logger.handlers:
     _logger.propagate = False
 
 
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a moved module's old name as the module itself (one module object, two names)."""
+
+    def find_spec(self, fullname, path=None, target=None):  # pylint: disable=unused-argument
+        return importlib.util.spec_from_loader(fullname, self) if fullname in _MOVED else None
+
+    def create_module(self, spec):
+        return importlib.import_module(_MOVED[spec.name])
+
+    def exec_module(self, module):
+        pass
+
+
+if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+    sys.meta_path.append(_MovedModules())
+
+
 def __getattr__(name: str):
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
@@ -61,6 +86,8 @@ def __getattr__(name: str):
         return value
     if name in _SUBMODULES:
         return importlib.import_module(_SUBMODULES[name])
+    if f"tf_psx.{name}" in _MOVED:
+        return importlib.import_module(f"tf_psx.{name}")
     raise AttributeError(f"module 'tf_psx' has no attribute {name!r}")
 
 

@@ -34,9 +34,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import layers as _layers, trail as _trail
+from tf_psx import layers as _layers
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime
 from tf_psx.errors import ArgumentError, ArgumentTypeError, PathExistsError, StateError
+from tf_psx import trail as _trail
 
 __all__ = ["export_serving", "UNSEEN_KEY_DEFAULT", "SERVING_SIGNATURE"]
 

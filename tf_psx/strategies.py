@@ -18,17 +18,19 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_psx import _checks, _quiet, exact_compile as _exact_compile, exact_updates as _exact_updates
-from tf_psx import exact_tables as _exact_tables, partitioners as _partitioners, weights as _weights
-from tf_psx import sync_training as _sync_training
+from tf_psx import _checks, _quiet
+from tf_psx import partitioners as _partitioners, weights as _weights
 from tf_psx._tf import fit_inputs as _fit_inputs, keras as _tf_keras, runtime as _runtime
-from tf_psx._tf import distributed_table as _distributed_table, tfra as _tfra
+from tf_psx._tf import lookup_layers as _lookup_layers, tfra as _tfra
 from tf_psx._tf import captured_datasets as _captured_datasets, loss_reduction as _loss_reduction
 from tf_psx._tf import versions as _versions, weights as _weights_hook
 from tf_psx.cluster import ClusterConfig
-from tf_psx.errors import ArgumentError, ArgumentTypeError, ClusterUnreachableError, Keras3Error, LocalResourcesError, TFConfigError
 from tf_psx.cluster.config import ClusterSource
 from tf_psx.cluster.ports import address_listens
+from tf_psx.errors import ArgumentError, ArgumentTypeError, ClusterUnreachableError, Keras3Error, LocalResourcesError, TFConfigError
+from tf_psx.tables import tfra_updates as _tfra_updates
+from tf_psx.training import exact_compile as _exact_compile, exact_updates as _exact_updates
+from tf_psx.training import sync_training as _sync_training
 
 __all__ = [
     "ParameterServerStrategy",
@@ -213,7 +215,7 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         "fixed:4", "min_size:256k"). `partitioner=` is an alias.
       exact_updates: apply each variable's optimizer update as one unit, so
         that several async workers never lose or double an update (see
-        `tf_psx.exact_updates`). True by default; False gives TF's own
+        `tf_psx.training.exact_updates`). True by default; False gives TF's own
         update path.
       connect_timeout_s: how long to wait for every worker and ps task to
         accept connections before raising `ClusterUnreachableError` (TF's
@@ -315,11 +317,11 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         # fit's and evaluate's input read by the coordinator, sent with each step (tf_psx._tf.fit_inputs).
         _fit_inputs.install()
         _quiet.install_log_filter()
-        # Models with TFRA's own layers: exact table updates at compile (tf_psx.exact_updates).
-        _exact_tables.install_tfra_optimizer_hook()
+        # Models with TFRA's own layers: exact table updates at compile (tf_psx.training.exact_updates).
+        _tfra_updates.install_tfra_optimizer_hook()
         _install_tfra_shadows_if_imported()
-        # Lookup layers in exact evaluation's loop (tf_psx._tf.distributed_table).
-        _distributed_table.install()
+        # Lookup layers in exact evaluation's loop (tf_psx._tf.lookup_layers).
+        _lookup_layers.install()
         # A loss object of default reduction in a model's own train_step: each worker's step is one replica.
         _loss_reduction.install(lambda strategy: isinstance(strategy, ParameterServerStrategy))
         # A dataset of the coordinator used inside a step (TFRS's FactorizedTopK candidates): rebuilt in the step.

@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from tf_psx import callbacks as cb, stalls
+from tf_psx import callbacks as cb
 from tf_psx.cluster import preflight
+from tf_psx.training import stalls
 
 from conftest import run_script
 

@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 import tf_psx
-from tf_psx import cli, trail
+from tf_psx import cli
+from tf_psx import trail
 
 pytestmark = pytest.mark.unit
 

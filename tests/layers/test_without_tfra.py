@@ -34,6 +34,6 @@ def test_everything_else_imports_without_tfra():
     import sys  # pylint: disable=import-outside-toplevel
 
     for name in ("tf_psx.layers", "tf_psx.callbacks", "tf_psx.optimizers", "tf_psx.strategies", "tf_psx.export",
-                 "tf_psx.snapshots.engine", "tf_psx.tables", "tf_psx.exact_tables"):
+                 "tf_psx.snapshots.engine", "tf_psx.tables", "tf_psx.tables.tfra_updates"):
         importlib.import_module(name)
     assert "tensorflow_recommenders_addons" not in sys.modules

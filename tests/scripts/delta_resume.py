@@ -86,7 +86,7 @@ with tf_psx.LocalCluster(num_workers=1, num_ps=2) as cluster:
         "snapshots": [s.step for s in tf_psx.callbacks.PeriodicSync.snapshots(directory)] if sync else [],
         "delta_rows": sync.delta_rows if sync else [],
         "tracking": sync.delta_tracking if sync else {},
-        # Adam's per-variable step counters (tf_psx.exact_updates) in each full snapshot.
+        # Adam's per-variable step counters (tf_psx.training.exact_updates) in each full snapshot.
         "counters_per_snapshot": [
             sum("_tf_psx_local_steps" in key for key in tf.train.load_checkpoint(s.checkpoint).get_variable_to_shape_map())
             for s in tf_psx.callbacks.PeriodicSync.snapshots(directory)] if sync else [],

@@ -31,7 +31,7 @@ With Adam the step of a key depends only on its gradient sequence and the
 step number its update reads, and the gradients of the keys of one worker
 differ only by the scale m_k, which Adam removes. tf_psx updates each table
 shard on its ps task with a step counter of its own
-(tf_psx.exact_tables.shard_steps), and two async workers may reach a step's
+(tf_psx.tables.tfra_updates.shard_steps), and two async workers may reach a step's
 two shards in different orders, so one step can read different step numbers
 on the two shards: all rows of one worker on one shard must be equal.
 Rows mixed up between the workers break these equalities.

@@ -12,7 +12,7 @@ many rows were applied 0, 1, 2, ... times), `iterations`, the steps each
 element of the model's dense offsets was updated by (`offset_steps`: steps
 -> elements; each must have every step once), the coordinator's
 closure retries and what the step tokens caught
-(`tf_psx.exact_updates.rerun_counts`). `--no-tokens` turns the tokens off
+(`tf_psx.training.exact_updates.rerun_counts`). `--no-tokens` turns the tokens off
 (the behaviour before them), for the comparison.
 
 With `--sync` the strategy is `sync=True` (`sync_timeout_s=30`): a sync
@@ -27,7 +27,7 @@ launcher's pids and the launcher restarts them. It prints
 
 With `--tfra` the rows are a TFRA hash table over the 2 ps tasks (exact_epochs.py's
 `--tfra` model): each shard's update is made on its ps task under its own
-lock (tf_psx.exact_tables), so a step cut off between the two shards'
+lock (tf_psx.tables.tfra_updates), so a step cut off between the two shards'
 updates must apply the missing one once and the other not again.
 
 Usage: exact_crash.py --workers 2 [--kills 10] [--batches 8000] [--seed 1] [--no-tokens] [--sync] [--launched] [--tfra]
@@ -166,9 +166,9 @@ def main(argv=None) -> int:
             "counts": {str(k): v for k, v in sorted(collections.Counter(applied).items())},
             "iterations": int(model.optimizer.iterations.numpy()), "steps": args.batches,
             "offset_steps": {str(k): v for k, v in sorted(collections.Counter(offsets).items())},
-            "grouped": len(tf_psx.exact_updates.grouped_variables(model.optimizer)),
+            "grouped": len(tf_psx.training.exact_updates.grouped_variables(model.optimizer)),
             "closure_retries": retries.count, "steps_rerun": history.history.get("steps_rerun"),
-            "caught": tf_psx.exact_updates.rerun_counts(model.optimizer), "stall_reports": len(doctor.reports),
+            "caught": tf_psx.training.exact_updates.rerun_counts(model.optimizer), "stall_reports": len(doctor.reports),
         }), flush=True)
     return 0
 

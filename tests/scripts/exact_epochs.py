@@ -99,7 +99,7 @@ class Offsets(tf.keras.layers.Layer):
     is the batch mean), so an element's value after k applied steps has the
     closed form of `closed_form(k, OFFSET_GRAD)` (`steps_of` reads k back).
     Split by "fixed:2", each ps task holds a shard of both: a step's dense
-    updates of a task run as one unit (tf_psx.exact_updates.grouped_apply).
+    updates of a task run as one unit (tf_psx.training.exact_updates.grouped_apply).
     """
 
     def build(self, input_shape):

@@ -30,8 +30,8 @@ With `--layer dense` the model is one Dense layer on a fixed input (the
 loss linear in its kernel and bias): dense gradients, constant, checked
 against the same sequential applications on a local model. With
 `--input arrays` the steps are fed by the coordinator (`fit` of arrays), so
-they carry step tokens (tf_psx.step_once) and a step's dense updates run as
-one unit per ps task (tf_psx.exact_updates.grouped_apply).
+they carry step tokens (tf_psx.training.step_once) and a step's dense updates run as
+one unit per ps task (tf_psx.training.exact_updates.grouped_apply).
 
 Usage: exact_updates.py --layer sharded|stock|dynamic|dense --optimizer NAME
        [--workers 2] [--processes] [--steps 40] [--spe 1] [--min-count 1] [--sync]
@@ -231,7 +231,7 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
         return tf.data.Dataset.from_tensors((ids, labels)).repeat()
 
     if args.input == "arrays":
-        # The coordinator feeds the steps (step tokens: tf_psx.step_once), `--steps` batches of the same ids.
+        # The coordinator feeds the steps (step tokens: tf_psx.training.step_once), `--steps` batches of the same ids.
         model.fit(np.tile(ids, (args.steps, 1)), np.zeros([BATCH * args.steps], np.float32), batch_size=BATCH,
                   epochs=1, shuffle=False, verbose=0)  # every batch the same rows
     else:
@@ -265,8 +265,8 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
         "input": args.input,
         "exact_updates": not args.no_exact,
         "steps": steps,
-        "grouped": len(tf_psx.exact_updates.grouped_variables(model.optimizer)),
-        "iterations_in_unit": tf_psx.exact_updates.iterations_in_unit(model.optimizer),
+        "grouped": len(tf_psx.training.exact_updates.grouped_variables(model.optimizer)),
+        "iterations_in_unit": tf_psx.training.exact_updates.iterations_in_unit(model.optimizer),
         # Each shard's update counter (a table updated per shard on its ps task), else None.
         "table_steps": _table_steps(layer, model.optimizer, emb),
         "ps": args.ps,
@@ -281,7 +281,7 @@ def run_pair(strategy, layer: str, optimizer: str, ids: np.ndarray, args) -> dic
 def _table_steps(layer: str, optimizer, emb):
     """Each shard's update counter of a hash table updated per shard on its ps task, else None."""
     if layer == "dynamic" and emb.store == "tfra":
-        return tf_psx.exact_tables.shard_steps(getattr(optimizer, "inner_optimizer", optimizer), emb.table)
+        return tf_psx.tables.tfra_updates.shard_steps(getattr(optimizer, "inner_optimizer", optimizer), emb.table)
     if layer in ("dynamic", "native"):
         return tf_psx.tables.updates.shard_steps(optimizer, emb.native_table)
     return None

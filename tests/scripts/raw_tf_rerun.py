@@ -1,6 +1,6 @@
 """Raw TF 2.16.2, no tf_psx: a worker killed mid-step makes `ClusterCoordinator` apply a step's update twice.
 
-The reproduction behind tf_psx's step tokens (tf_psx.step_once). Plain
+The reproduction behind tf_psx's step tokens (tf_psx.training.step_once). Plain
 `tf.distribute.Server` processes (2 ps, `--workers` workers) on 127.0.0.1,
 `tf.distribute.experimental.ParameterServerStrategy` with TF's own
 `FixedShardsPartitioner(2)` and `ClusterCoordinator`, no tf_psx import in

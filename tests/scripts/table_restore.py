@@ -78,7 +78,7 @@ def _table_steps(model, layer) -> dict:
         steps = tf_psx.tables.updates.shard_steps(model.optimizer, layer.native_table)
         return {f"shard_{index}": value for index, value in enumerate(steps or [])}
     return {name: int(counter.numpy()) for name, counter in model.optimizer._tf_psx_local_steps.items()
-            if name in tf_psx.exact_tables.counter_names(layer.table)}
+            if name in tf_psx.tables.tfra_updates.counter_names(layer.table)}
 
 
 with tf_psx.LocalCluster(num_workers=1, num_ps=num_ps) as cluster:

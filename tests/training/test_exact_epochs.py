@@ -103,7 +103,7 @@ CRASH_TIMEOUT_S = 420
 
 
 # A few minutes per run, so `make test` leaves it out; `make test-slow` (and CI) runs it.
-# Before the journal of tf_psx.step_once a 2-worker run applied 18 of 64,000 rows
+# Before the journal of tf_psx.training.step_once a 2-worker run applied 18 of 64,000 rows
 # twice; before tasks were forked from one long-lived thread, runs stalled (both
 # workers died with the killer thread that had restarted them).
 @pytest.mark.processes
@@ -157,7 +157,7 @@ def test_worker_kills_with_steps_per_execution_apply_every_example_exactly_once(
     _assert_every_step_once(_crash(2, "--steps-per-execution", "10", "--batches", "3000"))
 
 
-# Before sync arrivals carried step tokens (tf_psx.sync_training, "A step run
+# Before sync arrivals carried step tokens (tf_psx.training.sync_training, "A step run
 # again"), the same trial (2 workers, 10 kills, 2,000 batches) ended with
 # 16 rows applied twice, 8 never, 8 in a partial step, and 2,001 batches
 # applied for 2,000 scheduled.

@@ -18,8 +18,9 @@ import pytest
 import tensorflow as tf
 
 import tf_psx
-from tf_psx import exact_compile as _exact_compile, exact_tables as _exact_tables, exact_updates as _exact_updates
 from tf_psx._tf import exact_updates as _exact_door
+from tf_psx.tables import tfra_updates as _exact_tables
+from tf_psx.training import exact_compile as _exact_compile, exact_updates as _exact_updates
 
 from conftest import layers_here, run_script, script_results, tfra_param
 
@@ -44,7 +45,7 @@ def _check(results: list[dict], expected_pairs: int) -> None:
             # The hash table holds exactly the keys trained.
             assert result["keys"] == result["keys_trained"], result
             if result["exact_updates"] and "min_count" not in result:
-                # Updated per shard, each on its ps task under its own lock (tf_psx.exact_tables); with Adam
+                # Updated per shard, each on its ps task under its own lock (tf_psx.tables.tfra_updates); with Adam
                 # every shard's counter saw every step (its bias correction reads it).
                 assert result["table_steps"] is not None and len(result["table_steps"]) == result["ps"], result
                 if result["optimizer"] == "adam":
@@ -72,7 +73,7 @@ def test_every_layer_and_optimizer_is_exact_with_two_workers():
 @pytest.mark.processes
 def test_dense_updates_fed_by_the_coordinator_run_grouped_per_ps_task_and_exact():
     # fit of arrays: the steps carry tokens, so each ps task's dense updates of a step run as one unit
-    # (tf_psx.exact_updates.grouped_apply): the Dense kernel and bias, split in 2 shards each.
+    # (tf_psx.training.exact_updates.grouped_apply): the Dense kernel and bias, split in 2 shards each.
     result = run_script("exact_updates.py", "--layer", "dense", "--optimizer", "adam", "sgd_momentum", "adagrad",
                         "--workers", "2", "--steps", str(STEPS), "--input", "arrays")
     results = script_results(result)
@@ -161,12 +162,12 @@ def test_an_optimizer_made_outside_the_scope_gets_its_step_and_rate_on_the_ps(ps
 def test_every_step_of_a_multi_step_fit_carries_its_token_the_short_last_batch_too(ps_strategy, monkeypatch,
                                                                                     model_kind):
     # steps_per_execution=2 over 5 batches (9 rows, batch 2): two executions of 2 stacked batches, then the
-    # short last batch alone. Every update records its step's token in its ring (tf_psx.step_once): each
+    # short last batch alone. Every update records its step's token in its ring (tf_psx.training.step_once): each
     # variable's or group's, each table shard's, `iterations`'. A step without a token updates and records
     # nothing, and a re-run of it would be applied twice. A model without TFRA parts keeps its tokens in a
     # process where TFRA layers got per-worker shadows; a model with a TFRA table runs tf-keras's own
     # multi-step function, with the tokens too.
-    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx.training import step_once  # pylint: disable=import-outside-toplevel
     from tf_psx._tf import shadows, step_tokens  # pylint: disable=import-outside-toplevel
 
     if model_kind == "plain_with_tfra_shadows_installed":
@@ -248,10 +249,10 @@ class _Owner:
 
 
 def _counter_step(owner, counter):
-    """A traced step that bumps `counter` once per token (tf_psx.step_once.once_counter), as `iterations` is."""
+    """A traced step that bumps `counter` once per token (tf_psx.training.step_once.once_counter), as `iterations` is."""
     import contextlib  # pylint: disable=import-outside-toplevel
 
-    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx.training import step_once  # pylint: disable=import-outside-toplevel
     from tf_psx._tf import step_tokens  # pylint: disable=import-outside-toplevel
 
     @tf.function
@@ -263,7 +264,7 @@ def _counter_step(owner, counter):
 
 
 def test_a_counter_bumps_once_per_token_and_a_twin_only_counts():
-    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx.training import step_once  # pylint: disable=import-outside-toplevel
 
     owner, counter = _Owner(), tf.Variable(tf.constant(0, tf.int64))
     step = _counter_step(owner, counter)
@@ -274,7 +275,7 @@ def test_a_counter_bumps_once_per_token_and_a_twin_only_counts():
 
 
 def test_a_counter_cancelled_between_its_two_writes_is_bumped_once_by_the_rerun():
-    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx.training import step_once  # pylint: disable=import-outside-toplevel
 
     owner, counter = _Owner(), tf.Variable(tf.constant(0, tf.int64))
     step = _counter_step(owner, counter)
@@ -307,7 +308,7 @@ def _cut_step(owner, key, update, rows=(0,), layout="rows", **journal):
     """
     import contextlib  # pylint: disable=import-outside-toplevel
 
-    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx.training import step_once  # pylint: disable=import-outside-toplevel
     from tf_psx._tf import step_tokens  # pylint: disable=import-outside-toplevel
 
     @tf.function(input_signature=[tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.bool),
@@ -348,7 +349,7 @@ def _row_step(owner, table, accumulator, layout="rows"):
 
 @pytest.mark.parametrize("layout", ["rows", "static", "dense"])
 def test_an_update_cut_off_midway_is_rolled_back_and_applied_once_by_its_rerun(layout):
-    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx.training import step_once  # pylint: disable=import-outside-toplevel
 
     owner = _Owner()
     table, accumulator = tf.Variable(tf.zeros([4, 1])), tf.Variable(tf.zeros([4, 1]))
@@ -370,7 +371,7 @@ def test_an_update_cut_off_midway_is_rolled_back_and_applied_once_by_its_rerun(l
 def test_an_update_without_journal_cut_off_midway_is_counted_unsure():
     # An update with no journal (a TFRA table with a policy): the re-run applies again, and
     # the count says so instead of staying silent.
-    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx.training import step_once  # pylint: disable=import-outside-toplevel
 
     owner, value = _Owner(), tf.Variable(tf.constant(0, tf.int64))
     step = _cut_step(owner, "t", lambda _rows: value.assign_add(1))
@@ -383,12 +384,13 @@ def test_an_update_without_journal_cut_off_midway_is_counted_unsure():
 
 @pytest.mark.tfra
 def test_a_table_shard_update_cut_off_midway_is_rolled_back_from_its_journal_and_applied_once():
-    # tf_psx.exact_tables: a hash-table shard's update saves the rows and slots it is about to overwrite
+    # tf_psx.tables.tfra_updates: a hash-table shard's update saves the rows and slots it is about to overwrite
     # (and which keys existed) with its token; an attempt cut off after its writes is undone by the next
     # lock holder: old values back, keys it added removed. Real TFRA tables on this process's CPU.
     import types  # pylint: disable=import-outside-toplevel
 
-    from tf_psx import exact_tables, step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx.tables import tfra_updates as exact_tables  # pylint: disable=import-outside-toplevel
+    from tf_psx.training import step_once  # pylint: disable=import-outside-toplevel
     from tf_psx._tf import step_tokens, tfra  # pylint: disable=import-outside-toplevel
 
     de = tfra.tfra()
@@ -451,7 +453,7 @@ def test_an_update_too_big_for_its_journal_cut_off_midway_is_counted_unsure(monk
     # Rows of unknown count are journaled up to step_once.JOURNAL_ROWS; an
     # update with more is not saved, so cut off midway it is applied again by
     # its re-run, and counted.
-    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx.training import step_once  # pylint: disable=import-outside-toplevel
 
     monkeypatch.setattr(step_once, "JOURNAL_ROWS", 1)
     owner, table = _Owner(), tf.Variable(tf.zeros([4, 1]))
@@ -475,7 +477,7 @@ def test_an_update_too_big_for_its_journal_cut_off_midway_is_counted_unsure(monk
 def test_without_the_journal_an_update_cut_off_midway_is_applied_again_and_counted(monkeypatch):
     # step_once.JOURNAL = False (for measuring the journal's cost): the
     # pending mark still tells, so the double application is counted.
-    from tf_psx import step_once  # pylint: disable=import-outside-toplevel
+    from tf_psx.training import step_once  # pylint: disable=import-outside-toplevel
 
     monkeypatch.setattr(step_once, "JOURNAL", False)
     owner = _Owner()

@@ -4,7 +4,7 @@ A StringLookup made in the strategy's scope is a per-worker table. Its
 handle was captured into the loop body of exact evaluation, and the step
 failed on the worker with "You must feed a value for placeholder tensor
 '.../string_lookup/None_Lookup/Placeholder' with dtype resource"
-(tf_psx._tf.distributed_table). Training with steps_per_execution > 1, also a
+(tf_psx._tf.lookup_layers). Training with steps_per_execution > 1, also a
 loop, is checked against one process as well.
 """
 

@@ -255,7 +255,7 @@ def test_an_arrival_cut_off_midway_counts_its_gradient_once(local_cluster, monke
     #    on: the next step finishes that version at its arrival (applying
     #    nothing again) and adds its own gradient to the next version, which
     #    the re-run (a twin) then applies.
-    from tf_psx import sync_accumulators, sync_training  # pylint: disable=import-outside-toplevel
+    from tf_psx.training import sync_accumulators, sync_training  # pylint: disable=import-outside-toplevel
 
     strategy = tf_psx.ParameterServerStrategy(local_cluster, sync=True, sync_timeout_s=2)
     with strategy.scope():

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import tf_psx
-from tf_psx import exact_compile as _exact_compile
+from tf_psx.training import exact_compile as _exact_compile
 
 from conftest import run_script
 from test_exact_epochs import _assert_exact, _results

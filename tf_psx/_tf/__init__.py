@@ -16,12 +16,12 @@ fails loudly when an upgrade moves one of them.
 | `fit_inputs` | `fit` / `evaluate` under a coordinator: tf-keras's local DataHandler, resume position |
 | `fed_steps` | `ClusterCoordinator.schedule` given a step's batches, packed |
 | `fit_progress` | the `verbose=1` progress bar under a coordinator |
-| `exact_updates` | tf-keras's optimizer `_update_step` (runs tf_psx.exact_updates' locked update) |
+| `exact_updates` | tf-keras's optimizer `_update_step` (runs tf_psx.training.exact_updates' locked update) |
 | `step_tokens` | the token of a scheduled step, the same in TF's re-runs of its closure |
 | `lock_release` | a CriticalSection's release out of TF's program-order chain |
-| `sync_training` | what tf_psx.sync_training patches: `strategy.run`, the apply, fit's tail flush |
+| `sync_training` | what tf_psx.training.sync_training patches: `strategy.run`, the apply, fit's tail flush |
 | `weights` | `Layer.set_weights` taking unsharded lists; `.keras` / `.h5` tables saved whole |
-| `distributed_table` | a Keras lookup layer's per-worker table handle |
+| `lookup_layers` | a Keras lookup layer's per-worker table handle |
 | `checkpoint` | which objects a checkpoint restore matched |
 | `data` | a tf.data dataset rebuilt from its serialized graph |
 | `loss_reduction` | tf-keras's refusal of a default-reduction loss object under a strategy, for one-replica workers |

@@ -1,6 +1,6 @@
-"""The tf-keras 2.16 optimizer internals that tf_psx.exact_updates patches and reads.
+"""The tf-keras 2.16 optimizer internals that tf_psx.training.exact_updates patches and reads.
 
-The per-variable lock protocol itself is tf_psx.exact_updates; this module
+The per-variable lock protocol itself is tf_psx.training.exact_updates; this module
 only reaches into tf-keras, and runs what its caller passes in:
 
 * `install(applies, locked_update, bump_iterations)`: `_BaseOptimizer._update_step` and

@@ -12,7 +12,7 @@ traced once per layout.
 Each scheduled step also gets a step token (tf_psx._tf.step_tokens), an
 int64 argument that is the same in every attempt TF makes of the closure.
 The token is visible to the exact updates, which apply each token once per
-variable (tf_psx.step_once): with steps_per_execution=1 the runner traces
+variable (tf_psx.training.step_once): with steps_per_execution=1 the runner traces
 tf-keras's step straight into itself, or, for a model with TFRA layers'
 per-worker shadows, tf-keras's own train function inside the token's scope
 (a nested tf.function, which captures it). With steps_per_execution > 1 the
@@ -409,7 +409,7 @@ def wait_for_room(coordinator) -> None:
     same closures, and no longer: a failed closure (the queue's error)
     returns at once, and the `schedule` that follows raises it. A worker
     that stops taking closures is reported by the stall doctor
-    (tf_psx.stalls) and, in sync mode, failed by the sync watchdog, as a
+    (tf_psx.training.stalls) and, in sync mode, failed by the sync watchdog, as a
     `join()` is.
     """
     queue = coordinator._cluster.closure_queue  # pylint: disable=protected-access

@@ -109,7 +109,7 @@ class RerunReport(keras().callbacks.Callback):
     `history.history["steps_rerun"]` holds the count of every epoch (a fit
     without failures keeps Keras's History keys unchanged). Whether a re-run
     step's update was applied once is what the exact updates' step tokens
-    decide; `tf_psx.exact_updates.rerun_counts(model.optimizer)` counts the
+    decide; `tf_psx.training.exact_updates.rerun_counts(model.optimizer)` counts the
     updates they skipped.
     """
 
@@ -128,7 +128,7 @@ class RerunReport(keras().callbacks.Callback):
         if count:
             logging.getLogger("tf_psx").warning(
                 "Epoch %d: %d step(s) ran again after a worker failure (the coordinator re-runs a failed worker's "
-                "step on another worker). tf_psx.exact_updates.rerun_counts(model.optimizer) counts the updates "
+                "step on another worker). tf_psx.training.exact_updates.rerun_counts(model.optimizer) counts the updates "
                 "skipped as already applied; history.history['steps_rerun'] holds the count per epoch.",
                 epoch + 1, count)
 

@@ -9,7 +9,7 @@ other, across ps tasks: measured 1.5x to 1.9x ms/step on a 26-table model
 with 2 workers. The releases made through `run_unordered` need no order among
 themselves (each waits for its own update through data edges); they are
 exempted from that chain by wrapping `auto_control_deps.op_is_stateful` once.
-The caller keeps each release alive (tf_psx.exact_updates reads the
+The caller keeps each release alive (tf_psx.training.exact_updates reads the
 variable's counter after it; a table policy uses the returned value).
 """
 

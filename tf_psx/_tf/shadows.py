@@ -2,7 +2,7 @@
 
 TFRA trains a table through per-batch "shadow" buffers. Here: each worker
 gets its own copy of them (`install_per_worker_shadows`), and tf_psx's table
-updates (tf_psx.exact_updates) and sync steps (tf_psx.sync_training) load a
+updates (tf_psx.training.exact_updates) and sync steps (tf_psx.training.sync_training) load a
 buffer with rows of their own (`write_buffer`) and tie a shadow's checkpoint
 to its slots (`track_optimizer_slots`), as TFRA's own apply does. Inside
 `buffers_on(device, shadows)` the shadows read and write a buffer on a ps
@@ -198,7 +198,7 @@ def buffers_on(device: str, buffers: list, tag: str = ""):
     shared name, made in the graph being traced; a table shard's update
     passes its shard index as `tag`, so two shards on one task get their
     own): shared by every worker's steps, so its user holds a lock while it
-    writes and reads it (the shard's, tf_psx.exact_tables). What the
+    writes and reads it (the shard's, tf_psx.tables.tfra_updates). What the
     optimizer's ops on the shadows then read and write stays on `device`.
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel

@@ -7,7 +7,7 @@ attempt already applied its update to some variables (a worker killed after
 the ps ran part of the step) applies it there a second time. Giving each
 scheduled step a token among its arguments (a tensor: a Python int would
 retrace the step per value) lets an update see that a twin of its attempt
-already ran: `tf_psx.step_once` keeps the tokens each variable applied.
+already ran: `tf_psx.training.step_once` keeps the tokens each variable applied.
 
 `next_token(count)` numbers the steps of this process (from 1: a ring of
 zeros holds no token; a closure of `count` steps takes `count` numbers);
@@ -27,7 +27,7 @@ _next = 1  # the next token `next_token` gives
 _local = threading.local()
 
 STEP = "step"  # a step fed by the coordinator (tf_psx._tf.fed_steps)
-SYNC = "sync"  # the apply of one sync version (tf_psx.sync_training)
+SYNC = "sync"  # the apply of one sync version (tf_psx.training.sync_training)
 
 
 def next_token(count: int = 1) -> int:

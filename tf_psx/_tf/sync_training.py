@@ -1,7 +1,7 @@
-"""What synchronous training (tf_psx.sync_training) reaches into in TF 2.16.2 and tf-keras 2.16.
+"""What synchronous training (tf_psx.training.sync_training) reaches into in TF 2.16.2 and tf-keras 2.16.
 
 The algorithm (claims, accumulators, the apply of a version, the flush, the
-watchdog) is tf_psx.sync_training; this module only patches and reads:
+watchdog) is tf_psx.training.sync_training; this module only patches and reads:
 
 * `install(controller_of)`: tf-keras `Optimizer._internal_apply_gradients`
   calls `controller.apply_gradients_fn(optimizer, original)` through

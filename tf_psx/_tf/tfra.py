@@ -242,7 +242,7 @@ def install_prefetch() -> None:
     The lookup also writes whether each key existed into the shadow's
     `exists` buffer (TFRA's own does so only with bp_v2): tf_psx's exact
     update then sends a shard the forward rows of the keys that were absent
-    only (tf_psx.exact_tables). A table with a wire dtype is looked up
+    only (tf_psx.tables.tfra_updates). A table with a wire dtype is looked up
     through it (`lookup`).
     """
     global _PREFETCH_INSTALLED  # pylint: disable=global-statement
@@ -327,7 +327,7 @@ def wrap_tfra_optimizer(optimizer, exact_apply, bp_v2: bool = False):
       optimizer: a tf-keras optimizer, wrapped by TFRA already or not.
       exact_apply: `exact_apply(wrapped, tfra_fn)` returns the optimizer's
         `_distributed_apply_gradients_fn` given TFRA's own `tfra_fn`
-        (tf_psx.exact_tables.tfra_apply_gradients_fn: TFRA's apply writes
+        (tf_psx.tables.tfra_updates.tfra_apply_gradients_fn: TFRA's apply writes
         rows back as values, exact only with one worker; tf_psx's locks every
         table update under a strategy with exact_updates).
       bp_v2: TFRA's `bp_v2` (row deltas) when TFRA wraps it here.
@@ -363,7 +363,7 @@ def is_tfra_shadow(variable) -> bool:
     """True for TFRA's per-batch buffers (shadows, their ids, slot shadows).
 
     They are written back to the hash tables by TFRA's own apply path, or by
-    tf_psx.exact_updates' table update.
+    tf_psx.training.exact_updates' table update.
     """
     return type(variable).__module__.startswith(_MODULE)
 
@@ -408,7 +408,7 @@ def install_tfra_optimizer_hook(wrap) -> None:
 
     Args:
       wrap: returns the optimizer wrapped for the tables
-        (tf_psx.exact_tables.wrap_tfra_optimizer); the first call's is kept.
+        (tf_psx.tables.tfra_updates.wrap_tfra_optimizer); the first call's is kept.
     """
     global _TFRA_HOOK_INSTALLED  # pylint: disable=global-statement
     if _TFRA_HOOK_INSTALLED:

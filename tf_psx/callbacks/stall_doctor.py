@@ -1,15 +1,15 @@
 """`StallDoctor`: when `fit` stops making progress, logs why (closures by worker, task states, stacks).
 
-The watching and the report are `tf_psx.stalls.StallWatch`'s; this module
+The watching and the report are `tf_psx.training.stalls.StallWatch`'s; this module
 starts and stops it with fit.
 """
 
 from __future__ import annotations
 
-from tf_psx import stalls as _stalls
 from tf_psx._tf import runtime as _runtime
 from tf_psx.callbacks.base import _RunCallback
 from tf_psx.callbacks.probe import _coordinator
+from tf_psx.training import stalls as _stalls
 
 __all__ = ["StallDoctor", "DEFAULT_STALL_TIMEOUT_S"]
 
@@ -23,7 +23,7 @@ class StallDoctor(_RunCallback):
     """Logs why `fit` stopped making progress: closures by worker, task states, stacks.
 
     Under `ParameterServerStrategy`, when no step finishes for `timeout_s`
-    while steps are pending, it logs one report (`tf_psx.stalls.StallWatch`):
+    while steps are pending, it logs one report (`tf_psx.training.stalls.StallWatch`):
     which worker runs which step since when and on which attempt, the state
     of each task process it knows (a worker stopped by SIGSTOP stands out),
     the coordinator's Python stacks, and it asks each running

@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    # The stall doctor (tf_psx.stalls) asks for this task's stacks with SIGUSR1.
+    # The stall doctor (tf_psx.training.stalls) asks for this task's stacks with SIGUSR1.
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     tf.distribute.Server(

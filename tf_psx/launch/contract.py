@@ -57,7 +57,7 @@ SNAPSHOT_DIR_ENV = "TF_PSX_SNAPSHOT_DIR"
 CHIEF_ATTEMPT_ENV = "TF_PSX_CHIEF_ATTEMPT"
 # Written into the snapshot directory once the chief has exited with status 0.
 TRAINING_DONE_FILE = "TRAINING_DONE"
-# {task: pid} of every task, in LOG_DIR, for the stall doctor in the chief (tf_psx.stalls).
+# {task: pid} of every task, in LOG_DIR, for the stall doctor in the chief (tf_psx.training.stalls).
 PIDS_FILE = "task_pids.json"
 # The running launcher's pid, in LOG_DIR, and the request `tf-psx scale` leaves there.
 LAUNCHER_FILE = "launcher.json"

@@ -22,12 +22,13 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from tf_psx import _checks, _quiet, metrics as _metrics, stalls as _stalls
+from tf_psx import _checks, _quiet, metrics as _metrics
 from tf_psx._tf import runtime as _runtime
 from tf_psx.cluster import TF_CONFIG_ENV, ClusterConfig
 from tf_psx.cluster import data_service as _data_service, server as _server, supervisor as _supervisor
 from tf_psx.cluster.ports import LOOPBACK, free_ports
 from tf_psx.errors import LaunchError
+from tf_psx.training import stalls as _stalls
 from tf_psx.launch.contract import (
     CHIEF_ATTEMPT_ENV,
     EXIT_GAVE_UP,

@@ -16,12 +16,14 @@ import tensorflow as tf
 
 import numpy as np
 
-from tf_psx import _checks, exact_tables as _exact_tables, exact_updates as _exact_updates
+from tf_psx import _checks
 from tf_psx._tf import keras as _tf_keras, runtime as _runtime, shadows as _shadows, tfra as _tfra
 from tf_psx.errors import ArgumentError, StateError
-from tf_psx.tables import native as _native, updates as _table_updates
 from tf_psx.layers.common import serializable
 from tf_psx.layers.wire import as_wire_dtype
+from tf_psx.tables import tfra_updates as _tfra_updates
+from tf_psx.tables import native as _native, updates as _table_updates
+from tf_psx.training import exact_updates as _exact_updates
 
 __all__ = ["DynamicEmbedding", "table_keys", "STRING_KEY_BUCKETS", "UNSEEN_KEY_DEFAULT", "DEFAULT_INIT_STDDEV",
            "TABLE_STORES"]
@@ -107,7 +109,7 @@ class DynamicEmbedding(_keras.layers.Layer):
 
     TFRA's store: the optimizer needs TFRA's wrapping (`de.DynamicEmbeddingOptimizer`) to
     train these tables; `Model.compile` does it for any model holding a
-    DynamicEmbedding (`_exact_tables.install_tfra_optimizer_hook`).
+    DynamicEmbedding (`_tfra_updates.install_tfra_optimizer_hook`).
 
     Several workers may train at once: TFRA keeps the rows a step looked up
     in "shadow" buffers, which TFRA 0.8.1 alone puts on the coordinator,
@@ -180,7 +182,7 @@ class DynamicEmbedding(_keras.layers.Layer):
         each step's update of a table runs as one unit under a lock on the
         table's first ps task: rows and optimizer slots are read afresh from
         the table, updated by the optimizer's own rule, and written back
-        (`tf_psx.exact_updates`). TFRA alone writes back the rows it looked
+        (`tf_psx.training.exact_updates`). TFRA alone writes back the rows it looked
         up before the step, so two workers training one key lost an update
         (measured: 0.66 of the true SGD move with 2 workers). Checked
         against the closed form for SGD, momentum SGD, Adagrad, Adam and
@@ -258,7 +260,7 @@ class DynamicEmbedding(_keras.layers.Layer):
         de = _tfra.tfra(type(self).__name__)
         # How the Model hooks of the door recognise a TFRA-backed layer without importing this module.
         setattr(self, _tfra.HASH_TABLE_LAYER_ATTR, True)
-        _exact_tables.install_tfra_optimizer_hook()
+        _tfra_updates.install_tfra_optimizer_hook()
         _shadows.install_per_worker_shadows()
         self.output_dim = int(output_dim)
         self.key_dtype = key_dtype
@@ -315,7 +317,7 @@ class DynamicEmbedding(_keras.layers.Layer):
         self._config = {"wire_dtype": None if wire is None else wire.name, "table": "native"}
         # The optimizer's update of the anchor is this table's update (tf_psx.tables.updates).
         _exact_updates.install()
-        from tf_psx import exact_compile  # pylint: disable=import-outside-toplevel
+        from tf_psx.training import exact_compile  # pylint: disable=import-outside-toplevel
 
         exact_compile.install_compile_warning()
 

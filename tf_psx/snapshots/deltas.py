@@ -141,7 +141,7 @@ class DeltaTracker:
         made beside each shard, on its ps task).
       min_rows: variables with fewer rows (all shards together) are written whole.
       row_marks: id(shard) -> a bool [rows] mask that every update of the
-        shard sets for the rows it writes (`tf_psx.exact_updates.
+        shard sets for the rows it writes (`tf_psx.training.exact_updates.
         register_row_marks`). A large variable whose every shard has one is
         tracked by its marks (a pass over the marks, not the rows); the others
         by fingerprints.

@@ -32,11 +32,12 @@ import weakref
 
 import tensorflow as tf
 
-from tf_psx import exact_updates as _exact_updates, optimizers as _optimizers, tables as _tables
+from tf_psx import optimizers as _optimizers, tables as _tables
 from tf_psx._tf import fit_hooks as _fit_hooks, keras as _tf_keras
 from tf_psx._tf import runtime as _runtime
 from tf_psx.errors import ArgumentError, SnapshotDirectoryError
 from tf_psx.snapshots import deltas as _deltas, restore as _restore, store as _store
+from tf_psx.training import exact_updates as _exact_updates
 
 __all__ = ["SnapshotEngine", "finish_snapshots_of"]
 

@@ -18,11 +18,12 @@ import re
 
 import tensorflow as tf
 
-from tf_psx import exact_updates as _exact_updates, tables as _tables
-from tf_psx.tables import from_tfra as _from_tfra
+from tf_psx import tables as _tables
 from tf_psx._tf import checkpoint as _checkpoint, tfra as _tfra
 from tf_psx.errors import DataError
 from tf_psx.snapshots import deltas as _deltas, store as _store
+from tf_psx.tables import from_tfra as _from_tfra
+from tf_psx.training import exact_updates as _exact_updates
 
 __all__ = ["restore_newest", "apply_newest_delta", "snapshots", "latest", "tfra_scratch_types"]
 

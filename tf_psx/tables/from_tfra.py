@@ -29,9 +29,9 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import exact_updates as _exact_updates
 from tf_psx.errors import DataError
 from tf_psx.tables import native as _native
+from tf_psx.training import exact_updates as _exact_updates
 
 __all__ = ["restore_from_tfra", "holds_tfra_tables_of", "SLOT_NAMES"]
 

@@ -16,7 +16,7 @@ For every key seen in training it holds two int64s:
 Counting runs in the forward pass under a lock on the meta table's first ps
 task (a read and a write of each key's pair, exact under several workers);
 the optimizer writes back only rows of admitted keys
-(`tf_psx.exact_updates`). `TablePolicy.evict` runs between steps (the
+(`tf_psx.training.exact_updates`). `TablePolicy.evict` runs between steps (the
 `tf_psx.callbacks.TableEviction` callback) and removes rows, slots and meta
 entries under both tables' locks, rechecking that a victim was not used
 since it was chosen.
@@ -42,9 +42,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import exact_tables as _exact_tables, exact_updates as _exact_updates
 from tf_psx._tf import tfra as _tfra
 from tf_psx.errors import DataError
+from tf_psx.tables import tfra_updates as _tfra_updates
+from tf_psx.training import exact_updates as _exact_updates
 
 __all__ = ["TablePolicy", "DiskTier", "EvictionReport", "SPILLED", "restore_tables", "seed_policies", "slot_tables",
            "hash_table_layers", "table_layers"]
@@ -176,7 +177,7 @@ class TablePolicy:
             with tf.control_dependencies([self.meta.upsert(unique, new)]):
                 return tf.identity(new_counts)
 
-        return _exact_tables.run_locked(self.lock, body)
+        return _tfra_updates.run_locked(self.lock, body)
 
     def admitted(self, keys: tf.Tensor) -> tf.Tensor:
         """bool per key: it may hold a row (its count reached `min_count`)."""
@@ -254,7 +255,7 @@ class TablePolicy:
         function = self._functions.get(key)
         if function is None:
             optimizer = getattr(self._optimizer, "inner_optimizer", self._optimizer)
-            table_lock = _exact_tables.table_lock(optimizer, self.layer.table) if optimizer is not None else None
+            table_lock = _tfra_updates.table_lock(optimizer, self.layer.table) if optimizer is not None else None
             body = make_body(tables)
 
             @tf.function(autograph=False, reduce_retracing=True)
@@ -457,7 +458,7 @@ def carry_step_counters(model, counters: dict) -> None:
     """Starts each DynamicEmbedding's step counters that `counters` (a snapshot's, by name) lack at the table's largest.
 
     A table's counters are named by its layout (one per shard, or one for
-    the whole table): `tf_psx.exact_tables.carry_counters`.
+    the whole table): `tf_psx.tables.tfra_updates.carry_counters`.
     """
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
@@ -466,9 +467,9 @@ def carry_step_counters(model, counters: dict) -> None:
         if layer.store == "native":
             _carry_native_counters(optimizer, layer.native_table, counters)
     for layer in hash_table_layers(model):
-        saved = _exact_tables.counters_of(layer.table, counters)
-        started = _exact_tables.carry_counters(optimizer, layer.table, saved)
-        whole, *shards = _exact_tables.counter_names(layer.table)
+        saved = _tfra_updates.counters_of(layer.table, counters)
+        started = _tfra_updates.carry_counters(optimizer, layer.table, saved)
+        whole, *shards = _tfra_updates.counter_names(layer.table)
         if started and set(saved) not in ({whole}, set(shards)):
             logger.info("table %s: saved with step counters %s; %s start at %d", layer.table.name,
                         ", ".join(sorted(saved)), ", ".join(started), max(saved.values()))

@@ -4,7 +4,7 @@ The gradient of a lookup reaches the optimizer as the gradient of the
 layer's anchor (a scalar variable: `tf_psx.layers.DynamicEmbedding`), an
 `IndexedSlices` whose indices are the keys. tf-keras clips and deduplicates
 it as any sparse gradient; its `_update_step` for the anchor then runs
-`table_update` (the routing is `tf_psx.exact_updates`), which for each
+`table_update` (the routing is `tf_psx.training.exact_updates`), which for each
 shard of the table:
 
 1. sends the shard its keys and their gradient rows (cast to the layer's
@@ -22,7 +22,7 @@ shard's step counter, which Adam's bias correction reads, counts the
 steps; with one worker it equals `iterations`.
 
 A step the coordinator runs again after a worker failure carries the same
-token (tf_psx.step_once): a shard that applied it skips it, and a shard's
+token (tf_psx.training.step_once): a shard that applied it skips it, and a shard's
 update cut off midway is undone from the shard's journal (the keys, their
 values before and whether they existed) by the next holder of its lock.
 
@@ -41,10 +41,10 @@ import contextlib
 
 import tensorflow as tf
 
-from tf_psx import exact_updates as _exact, step_once as _step_once
 from tf_psx._tf import keras as _tf_keras, shadows as _shadows
 from tf_psx.errors import ArgumentError
 from tf_psx.tables import native as _native
+from tf_psx.training import exact_updates as _exact, step_once as _step_once
 
 __all__ = ["TableRule", "table_update", "shard_steps", "shard_state", "SUPPORTED_OPTIMIZERS"]
 
@@ -163,7 +163,7 @@ def _send(value, device, wire):
 
 
 class _Journal:
-    """What one shard's update is about to overwrite, kept on its ps task (tf_psx.step_once's roll-back)."""
+    """What one shard's update is about to overwrite, kept on its ps task (tf_psx.training.step_once's roll-back)."""
 
     def __init__(self, table, index: int, device: str):
         name = f"native_journal/{table.name}/{index}"

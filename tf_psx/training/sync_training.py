@@ -30,7 +30,7 @@ steps applied so far.
   optimizer's own apply (so exact updates, TFRA tables, slots, `iterations`
   and learning-rate schedules behave as with one worker), clears the
   accumulators and starts the next version.
-* **Accumulators** (tf_psx.sync_accumulators): a sum beside each
+* **Accumulators** (tf_psx.training.sync_accumulators): a sum beside each
   variable (a TFRA table: a hash table of sums per key), which the R-th
   arrival's apply reads as the mean gradient.
 * **A step run again.** TF re-runs a closure whose worker died, on
@@ -42,7 +42,7 @@ steps applied so far.
   the current version and never arrived takes that slot over (no wait for
   the timeout). An arrival is one transaction under the lock: the rows
   its adds write are saved in journals beside the accumulators
-  (`tf_psx.step_once.save_journal`), the header is marked pending, the
+  (`tf_psx.training.step_once.save_journal`), the header is marked pending, the
   adds run, and one scatter of the header commits it (the count of
   arrivals, the token's ring slot, the mark cleared). The next arrival
   or flush that finds the mark (an arrival cut off midway) writes the
@@ -79,15 +79,19 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from tf_psx import exact_updates as _exact, step_once as _step_once, sync_accumulators as _accumulators
 from tf_psx._tf import exact_updates as _optimizer_door, runtime as _runtime
-from tf_psx._tf import step_tokens as _tokens, sync_training as _door, tfra as _tfra
+from tf_psx._tf import step_tokens as _tokens, sync_training as _door
 from tf_psx.errors import SyncStepError
+from tf_psx.training import exact_updates as _exact, step_once as _step_once, sync_accumulators as _accumulators
 
 # Indices into the state vector's header.
 (_F_ENABLED, _F_VERSION, _F_TAKEN, _F_ARRIVED, _F_DROPPED, _F_REASSIGNED, _F_STARTED, _F_BATCHES, _F_STEPS,
  _F_REUSED, _F_TWINS, _F_PENDING, _F_ROLLED_BACK, _F_UNSURE, _F_REASSIGNED_NOW) = range(15)
 _HEADER = 15
+
+# `make(optimizer, variable, state)` -> a hash table's accumulator, or None for a variable that is not a table's:
+# registered by tf_psx.tables.sync (imported with tf_psx.tables), so the training core does not import the tables.
+TABLE_ACCUMULATORS: list = []
 # Past the header, three rings of step tokens (slot: token % RING): the token
 # of the step that claimed last in that slot, the version it claimed, and the
 # token of the step that arrived last in that slot (see "A step run again").
@@ -160,7 +164,7 @@ class _Applier:
     def apply(self, count, version):
         """Applies the mean of `count` accumulated gradients, then clears them; returns a tensor.
 
-        The apply carries `version` + 1 as its token (tf_psx.step_once): a
+        The apply carries `version` + 1 as its token (tf_psx.training.step_once): a
         re-run of a step whose first attempt applied this version to some
         variables and died before the state moved on skips those variables
         and `iterations`, so each version is applied once per variable.
@@ -312,13 +316,10 @@ class SyncController:
         key = (id(optimizer), _optimizer_door.var_key(optimizer, variable))
         accumulator = self._accumulators.get(key)
         if accumulator is None:
-            if _exact.is_table_anchor(optimizer, variable):
-                accumulator = _accumulators.KeyedAccumulator(variable)
-            elif _tfra.is_tfra_shadow(variable):
-                accumulator = _accumulators.TableAccumulator(variable, self.state)
-            elif isinstance(gradient, tf.IndexedSlices):
+            accumulator = next(filter(None, (make(optimizer, variable, self.state) for make in TABLE_ACCUMULATORS)), None)
+            if accumulator is None and isinstance(gradient, tf.IndexedSlices):
                 accumulator = _accumulators.SparseAccumulator(self.strategy, variable)
-            else:
+            elif accumulator is None:
                 accumulator = _accumulators.DenseAccumulator(self.strategy, variable)
             self._accumulators[key] = accumulator
         return accumulator
@@ -356,7 +357,7 @@ class SyncController:
 
         An arrival is one transaction, committed by the header's write (the
         arrival count and the token's ring slot, one scatter): the adds'
-        rows are saved in journals beside the accumulators (tf_psx.step_once.
+        rows are saved in journals beside the accumulators (tf_psx.training.step_once.
         save_journal) and the header marked pending first, so an arrival
         cut off between the mark and the commit is rolled back by the next
         holder of the lock (`_recover`) and its gradient is in no version's

@@ -1,6 +1,6 @@
 """What a model's optimizer becomes at compile under a strategy with exact updates, and the warning when it is not exact.
 
-The update protocol itself is tf_psx.exact_updates. At `Model.compile`
+The update protocol itself is tf_psx.training.exact_updates. At `Model.compile`
 (the hook of `tf_psx._tf.exact_updates.install_compile_hook`): a legacy
 optimizer becomes its current tf-keras twin, a model with TFRA's own layers
 gets TFRA's optimizer wrapper with exact table updates
@@ -14,10 +14,18 @@ import inspect
 import logging
 
 from tf_psx._tf import exact_updates as _door, keras as _tf_keras, runtime as _runtime, tfra as _tfra
-from tf_psx import exact_tables as _exact_tables
 from tf_psx.errors import TFRAOptimizerError
 
 logger = logging.getLogger("tf_psx")
+
+# The wrapper that gives a TFRA optimizer exact table updates: set by tf_psx.tables.tfra_updates when it is
+# imported (tf_psx.strategies imports it), so the training core does not import the tables.
+_TFRA_WRAPPER = []
+
+
+def register_tfra_wrapper(wrap) -> None:
+    """`wrap(optimizer, bp_v2=...)` wraps a model's optimizer when the model has TFRA's own layers."""
+    _TFRA_WRAPPER[:] = [wrap]
 
 
 def inexact_reason(optimizer, strategy) -> str | None:
@@ -85,7 +93,7 @@ def adopt_exact_optimizer(model) -> None:
     (made per worker by `tf_psx._tf.shadows`) and the update wrote rows back
     as values outside any lock. Its optimizer is wrapped by TFRA if the user
     left that out, and the table updates go through
-    `tf_psx.exact_tables.tfra_apply_gradients_fn`.
+    `tf_psx.tables.tfra_updates.tfra_apply_gradients_fn`.
     tf_psx's own DynamicEmbedding is handled by its compile hook.
     """
     optimizer = getattr(model, "optimizer", None)
@@ -112,7 +120,7 @@ def adopt_exact_optimizer(model) -> None:
             model.name, type(optimizer).__name__, type(replacement).__name__)
         optimizer = replacement
     if tfra_layers:
-        optimizer = _exact_tables.wrap_tfra_optimizer(optimizer, bp_v2=bp_v2)
+        optimizer = _TFRA_WRAPPER[0](optimizer, bp_v2=bp_v2)
     model.optimizer = optimizer
 
 

@@ -10,7 +10,7 @@ rows applied twice).
 
 Each step that the coordinator feeds carries a token, the same in every
 attempt (tf_psx._tf.step_tokens). Every update that runs under its
-variable's lock (tf_psx.exact_updates) first looks the token up in a ring
+variable's lock (tf_psx.training.exact_updates) first looks the token up in a ring
 of the tokens applied to that variable, colocated with it: an int64 vector
 of `RING_SIZE` slots, token t in slot t % RING_SIZE. Found: the update is
 skipped (this attempt's twin applied it here). Not found: applied, then
@@ -49,7 +49,7 @@ ops inside a cond branch were most of what the tokens cost
 costs only the rare re-run.
 
 A step's dense updates on one ps task run as one such update
-(tf_psx.exact_updates.grouped_apply): one ring, one journal holding every
+(tf_psx.training.exact_updates.grouped_apply): one ring, one journal holding every
 variable and slot they write, one lock; the ring's few dozen small ops
 were then paid once per task instead of once per variable (18 times a
 step on the 26-feature benchmark model, FixedShards(2) splitting every
@@ -224,14 +224,14 @@ def once(owner, key: str, variable_scope, apply, skip, writes=(), rows=None, who
       whole: more variables `apply` writes, saved whole whatever `rows`
         (a per-variable step counter).
       units: the updates `apply` makes (a ps task's group of dense
-        updates: tf_psx.exact_updates.grouped_apply); a skip or a roll-back
+        updates: tf_psx.training.exact_updates.grouped_apply); a skip or a roll-back
         counts that many.
       roll_back: for an update with no journal of variables (`writes` empty):
         a function of the token of an attempt cut off midway that undoes
         what that attempt wrote and returns a bool tensor, True when the
         writes are as before it (undone, or never made); made under the
         lock. A TFRA table shard's update keeps a journal of its own
-        (tf_psx.exact_tables). None: such an attempt counts as "unsure".
+        (tf_psx.tables.tfra_updates). None: such an attempt counts as "unsure".
 
     Without a token (a path that has none: DatasetCreator, a custom loop),
     `apply()` as before. Every call for one `key` passes the same `writes`.
@@ -320,7 +320,7 @@ def save_journal(owner, key: str, variable_scope, writes, rows=None):
 
     For an update that is not a `once` of its own but one part of a larger
     transaction under a lock the caller holds (a sync arrival's adds,
-    tf_psx.sync_training): the caller marks its transaction pending after
+    tf_psx.training.sync_training): the caller marks its transaction pending after
     this, and whoever finds the mark restores with `restore_journal`. The
     journal is made on first use in `variable_scope()`; a journal made for
     rows saves nothing when given `rows=None` (restoring it then returns

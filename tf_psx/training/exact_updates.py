@@ -30,9 +30,9 @@ counter. With one worker it equals the global count. The counters are
 tracked by the optimizer (`_tf_psx_local_steps`), so they are checkpointed
 and restored with it.
 
-TFRA hash tables get the same protocol per table shard (tf_psx.exact_tables).
+TFRA hash tables get the same protocol per table shard (tf_psx.tables.tfra_updates).
 What a model's optimizer becomes at compile under a strategy with
-`exact_updates` is tf_psx.exact_compile.
+`exact_updates` is tf_psx.training.exact_compile.
 
 The patches this needs live in the door: `tf_psx._tf.exact_updates`
 (tf-keras's `_update_step`, `Model.compile`, the private fields read here),
@@ -53,7 +53,7 @@ import tensorflow as tf
 
 from tf_psx._tf import exact_updates as _door, lock_release as _lock_release
 from tf_psx._tf import tfra as _tfra
-from tf_psx import step_once as _step_once
+from tf_psx.training import step_once as _step_once
 
 # Attribute names on the optimizer instance.
 _STATE_ATTR = "_tf_psx_update_locks"
@@ -351,7 +351,7 @@ def _locked_update(original, optimizer, gradient, variable):
         original(optimizer, gradient, variable)
         _mark_rows(optimizer, gradient, variable)
 
-    # What the update writes, saved before it and restored if it is cut off midway (tf_psx.step_once).
+    # What the update writes, saved before it and restored if it is cut off midway (tf_psx.training.step_once).
     writes = [variable] + slots_of(optimizer, [variable]).get(id(variable), [])
     rows = gradient.indices if isinstance(gradient, tf.IndexedSlices) else None
     whole = [step] if _reads_iterations(optimizer) else []
@@ -371,7 +371,7 @@ def _locked_update(original, optimizer, gradient, variable):
 # --- A step's dense updates, one unit per ps task ---
 #
 # Under a step token every exact update pays a ring look-up, a journal and
-# two small conds (tf_psx.step_once), a few dozen small ops on its ps task:
+# two small conds (tf_psx.training.step_once), a few dozen small ops on its ps task:
 # with FixedShards(2) splitting every dense variable, 18 such units a step
 # on the 26-feature model (bench/exact_fit.py, exact_arrays against
 # exact_arrays_notokens). The dense updates of one apply are made instead as
@@ -451,7 +451,7 @@ def grouped_apply(optimizer):
 
     Yields a list that holds, once the context has ended, the output of
     every exact update of the apply: whoever clears what the updates read
-    (a sync step's accumulators, tf_psx.sync_training) waits for them, so a
+    (a sync step's accumulators, tf_psx.training.sync_training) waits for them, so a
     step cut off between the two leaves nothing cleared that a re-run still
     has to apply. Not grouped with an EMA (tf-keras reads the variables after
     their updates); inside another `grouped_apply`, the outer one collects.
@@ -582,7 +582,7 @@ def bump_iterations(optimizer):
 
 
 def rerun_counts(optimizer) -> dict:
-    """What step tokens caught on this optimizer's variables since it was made (tf_psx.step_once).
+    """What step tokens caught on this optimizer's variables since it was made (tf_psx.training.step_once).
 
     Returns:
       {"steps": re-run steps whose `iterations` bump was skipped (their first

@@ -20,7 +20,7 @@ One report per stall: the next comes only after some closure finished again.
 Example (a custom loop; the watch is a context manager):
 
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-    with tf_psx.stalls.StallWatch(coordinator, timeout_s=300, cluster=cluster) as watch:
+    with tf_psx.training.stalls.StallWatch(coordinator, timeout_s=300, cluster=cluster) as watch:
         for _ in range(steps):
             coordinator.schedule(step_fn, args=(iterator,))
         coordinator.join()

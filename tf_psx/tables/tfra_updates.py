@@ -10,7 +10,7 @@ bp_v2 the row delta is exact for SGD, but the slots (Adagrad's accumulator,
 Adam's moments) and new keys still race.
 
 Here each shard of a table is updated as one unit on the ps task that owns
-it, under that shard's lock (the lock protocol of tf_psx.exact_updates):
+it, under that shard's lock (the lock protocol of tf_psx.training.exact_updates):
 the worker splits the step's ids and gradient by the table's partition
 function and sends each shard its part once, with the forward rows of the
 keys that were absent at the lookup (TFRA draws a fresh random row per
@@ -23,7 +23,7 @@ used. Adam-family bias correction uses a per-shard step counter,
 which counts the steps applied to the shard, as for ordinary variables.
 
 A step the coordinator runs again after a worker failure carries the same
-token (tf_psx.step_once): a shard that already applied it skips it, and a
+token (tf_psx.training.step_once): a shard that already applied it skips it, and a
 shard's update cut off midway is undone from the shard's journal
 (`_ShardJournal`: the keys, rows and slots it was about to overwrite) by
 the next holder of the shard's lock, then applied once by the re-run.
@@ -32,7 +32,7 @@ A table with admission or eviction (tf_psx.tables.TablePolicy) or a TFRA
 restrict policy is updated as one unit under one table lock instead
 (`table_lock`, which eviction also takes), from its first ps task.
 
-Called from tf_psx.exact_compile (the optimizer a model compiles with),
+Called from tf_psx.training.exact_compile (the optimizer a model compiles with),
 tf_psx.strategies and tf_psx.layers (the compile hook), tf_psx.tables (the
 table lock). Importing this module imports TensorFlow.
 """
@@ -44,9 +44,9 @@ import re
 
 import tensorflow as tf
 
-from tf_psx import exact_updates as _exact, step_once as _step_once
 from tf_psx._tf import exact_updates as _door, lock_release as _lock_release
 from tf_psx._tf import shadows as _shadows, tfra as _tfra
+from tf_psx.training import exact_compile as _exact_compile, exact_updates as _exact, step_once as _step_once
 
 def _tfra_slots_of(optimizer, shadow):
     ids = shadow.ids
@@ -261,7 +261,7 @@ class _ShardJournal:
     slots and before it writes them back, it saves the keys, the values and
     whether each key existed (per table: the rows' and each slot's), then
     the step's token. A step cut off midway (its worker killed) leaves the
-    ring's pending mark (tf_psx.step_once); the next lock holder then calls
+    ring's pending mark (tf_psx.training.step_once); the next lock holder then calls
     `roll_back(pending)`: when the journal holds that token, the attempt may
     have written back, so the saved values go back and keys that did not
     exist are removed; otherwise the attempt stopped before its writes.
@@ -502,3 +502,6 @@ def wrap_tfra_optimizer(optimizer, bp_v2: bool = False):
 def install_tfra_optimizer_hook() -> None:
     """Makes tf-keras `Model.compile` wrap the optimizer of a model with a DynamicEmbedding (tf_psx._tf.tfra)."""
     _tfra.install_tfra_optimizer_hook(wrap_tfra_optimizer)
+
+
+_exact_compile.register_tfra_wrapper(wrap_tfra_optimizer)
