@@ -64,7 +64,7 @@ test-fast: install
 # Every benchmark, then docs/benchmarks.md from bench/results/*.json (~3 h on 2 cores, estimated: the interleaved
 # benchmarks run 5 rounds of fresh processes, fused_embeddings ~50 min of them; exact_fit ~30 min).
 BENCHES := overhead shard_balance dedup_bytes vocab_scaling dynamic_vs_static native_table_split convergence exact_updates \
-	hash_table_memory hash_table_quality fused_embeddings reader_throughput wire_dtype_quality snapshot_stall sync_regime sync_stragglers tls_tunnel elastic delta_snapshots ps_latency exact_fit exact_resume hash_table_wire
+	hash_table_memory hash_table_quality fused_embeddings reader_throughput wire_dtype_quality snapshot_stall sync_regime sync_stragglers tls_tunnel elastic delta_snapshots ps_latency exact_fit exact_resume hash_table_wire memory_growth
 bench: install
 	for b in $(BENCHES); do $(BIN)/python bench/$$b.py || exit 1; done
 	$(BIN)/python bench/report.py

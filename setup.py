@@ -41,6 +41,8 @@ EXTRAS_REQUIRE = {
         "tensorboard>=2.16,<2.22",
         # TensorFlow Recommenders, whose tutorial models the tests train under the strategy (both stacks).
         "tensorflow-recommenders>=0.7.3",
+        # DeepCTR's models (FiBiNET, DeepFM) in the memory benchmark and its test: pure Python, tf.keras.
+        "deepctr==0.9.4",
     ],
 }
 

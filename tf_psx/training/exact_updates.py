@@ -268,7 +268,18 @@ def execute_unordered(lock, update, step, ready=()):
     (read from TF 2.16.2's critical_section_ops.py; a worker killed before
     sending it would leave the lock waiting on it). With `ready`, the lock
     is taken once they are on the ps.
+
+    `ready` is joined first into one no-op on the caller's device, the
+    only control input that every op of the update then gets: given as is,
+    each op of the update got one control input per tensor of `ready`,
+    O(ops x variables) edges in a grouped unit of many variables (FiBiNET's
+    383 variables under Adam: a 33.6 MB step graph, 25 MB of it control
+    inputs, and 6 GB of resident memory in a 2-worker in-process fit).
     """
+    ready = list(ready)
+    if len(ready) > 1 and not tf.executing_eagerly():
+        with tf.control_dependencies(ready):
+            ready = [tf.no_op(name="update_inputs_ready")]
     with tf.control_dependencies(ready):
         output = _lock_release.run_unordered(lock, update)
     with tf.control_dependencies([output]):
