@@ -51,7 +51,14 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-NUM_IDS, DIM, IDS_PER_EXAMPLE, BATCH = 100_000, 32, 8, 256
+# `--scale ctr` (passed to the children as $TF_PSX_BENCH_SCALE): CTR scale, batch 2048 x 26 ids per example
+# uniform over 2M, dim 16; results in bench/results/dynamic_vs_static_ctr.json.
+SCALE = os.environ.get("TF_PSX_BENCH_SCALE", "small")
+if SCALE == "ctr":
+    NUM_IDS, DIM, IDS_PER_EXAMPLE, BATCH = 2_000_000, 16, 26, 2048
+else:
+    NUM_IDS, DIM, IDS_PER_EXAMPLE, BATCH = 100_000, 32, 8, 256
+RESULT = "dynamic_vs_static_ctr" if SCALE == "ctr" else "dynamic_vs_static"
 WARMUP_STEPS = 20
 TIMED_STEPS = 100  # per window (PAIRED_WINDOWS per variant when paired, WINDOWS alone), the fastest counts
 # 1 worker only: TFRA's own apply (exact_updates=False; exact with one worker), to split the hash table's
@@ -209,7 +216,12 @@ def main() -> None:
     parser.add_argument("--kernels", action="store_true",
                         help="also kernel ms/step by op type under TF's profiler, 1 worker")
     parser.add_argument("--no-paired", action="store_true", help="without the paired comparison (rows kept)")
+    parser.add_argument("--scale", choices=("small", "ctr"), default="small",
+                        help="ctr: batch 2048 x 26 ids uniform over 2M, dim 16 (dynamic_vs_static_ctr.json)")
     args = parser.parse_args()
+    if args.scale != SCALE:  # the constants are read at import: run again with the scale in the environment
+        os.environ["TF_PSX_BENCH_SCALE"] = args.scale
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     variants = [] if args.no_paired else [("paired", workers) for workers in args.workers]
     if args.split:
         variants.append(("split", 1))
@@ -257,9 +269,9 @@ def main() -> None:
     if (TFRA_APPLY, 1) in runs:
         rows.append({"metric": f"1 worker: {TFRA_APPLY} (exact_updates=False) ms/step (CPU ms/step), alone in its "
                                "process", "value": times(runs[(TFRA_APPLY, 1)])})
-    rows += kept_rows("dynamic_vs_static", rows)
+    rows += kept_rows(RESULT, rows)
     write_result(
-        "dynamic_vs_static",
+        RESULT,
         f"`model.fit` ms/step (whole cluster), steps_per_execution=1; ShardedEmbedding, DynamicEmbedding"
         + (" and DynamicEmbedding with one table lock (its whole update on its first ps task)" if _tfra_store()
            else "") + " in one process on one cluster, their windows "
@@ -276,7 +288,7 @@ def main() -> None:
         "process, 1 worker.",
         rows,
         # The raw runs of the rows kept from earlier runs stay beside this run's.
-        extra={**saved_raw("dynamic_vs_static"), **{" ".join(map(str, key)): value for key, value in runs.items()}},
+        extra={**saved_raw(RESULT), **{" ".join(map(str, key)): value for key, value in runs.items()}},
     )
 
 

@@ -6,7 +6,9 @@ workers and 2 ps tasks, `partitioner="fixed:2"`, `fit` on a
 this one process, so its peak RSS is the whole cluster's). `local`: the
 same model, data and batch with no strategy (`fit` on the same dataset).
 `servers`: the in-process cluster and the strategy, no model: the servers'
-fixed cost. Peak RSS is the process's `ru_maxrss`.
+fixed cost. `tf_cluster`: the cluster run under TF's own
+`ParameterServerStrategy` (`FixedShardsPartitioner(2)`, same
+`LocalCluster`), the floor that TF itself sets. Peak RSS is the process's `ru_maxrss`.
 
 Targets (the speed issue): 10x the steps <= 1.1x the peak of 1x; a
 2-worker in-process fit <= 2x the one-process run plus the servers' fixed
@@ -88,8 +90,12 @@ def child(model_name: str, mode: str, steps: str) -> None:
         model.fit(dataset_fn(), epochs=1, steps_per_epoch=steps, verbose=0)
     else:
         with tf_psx.LocalCluster(num_workers=2, num_ps=2) as cluster:
-            strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2")
-            if mode == "cluster":
+            if mode == "tf_cluster":
+                strategy = tf.distribute.experimental.ParameterServerStrategy(
+                    cluster.resolver, variable_partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
+            else:
+                strategy = tf_psx.ParameterServerStrategy(cluster, partitioner="fixed:2")
+            if mode in ("cluster", "tf_cluster"):
                 with strategy.scope():
                     model = _model(model_name)
                 model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1, steps_per_epoch=steps,
@@ -99,10 +105,19 @@ def child(model_name: str, mode: str, steps: str) -> None:
 
 
 def main() -> None:
-    runs = {}
+    import argparse  # pylint: disable=import-outside-toplevel
+
+    from _common import saved_raw  # pylint: disable=import-outside-toplevel
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--keep", action="store_true", help="reuse the runs of the last results file; run the rest")
+    args = parser.parse_args()
+    runs = dict(saved_raw("memory_growth")) if args.keep else {}
     for variant in [("none", "baseline", "0"), ("none", "servers", "0")] + [
             (model, mode, str(BASE_STEPS[model] * factor))
-            for model in MODELS for mode in ("local", "cluster") for factor in (1, 10)]:
+            for model in MODELS for mode in ("local", "cluster", "tf_cluster") for factor in (1, 10)]:
+        if "/".join(variant) in runs:
+            continue
         result = run_child(__file__, *variant, timeout=1800)
         runs["/".join(variant)] = result
         print(variant, result, flush=True)
@@ -111,7 +126,7 @@ def main() -> None:
              "ok": None}]
     for model in MODELS:
         one, ten = BASE_STEPS[model], BASE_STEPS[model] * 10
-        for mode in ("local", "cluster"):
+        for mode in ("local", "cluster", "tf_cluster"):
             small, large = runs[f"{model}/{mode}/{one}"]["peak_mb"], runs[f"{model}/{mode}/{ten}"]["peak_mb"]
             rows.append({"metric": f"{model} {mode}: peak RSS at {ten} / {one} steps", "value": round(large / small, 3),
                          "target": "<= 1.1", "ok": large / small <= 1.1,
@@ -121,6 +136,9 @@ def main() -> None:
         rows.append({"metric": f"{model}: 2-worker in-process fit peak RSS / (2 x one process + servers)",
                      "value": round(cluster / bound, 3), "target": "<= 1.0", "ok": cluster <= bound,
                      "note": f"{cluster:.0f} MB against 2 x {local:.0f} + {fixed:.0f} MB"})
+        floor = runs[f"{model}/tf_cluster/{ten}"]["peak_mb"]
+        rows.append({"metric": f"{model}: tf_psx / TF's own strategy, 2-worker in-process fit peak RSS",
+                     "value": round(cluster / floor, 3), "ok": None, "note": f"{cluster:.0f} MB / {floor:.0f} MB"})
     write_result("memory_growth", f"peak RSS per process of a fit, 1x and 10x the steps; in-process LocalCluster 2 "
                  f"workers 2 ps (fixed:2), DatasetCreator, batch {BATCH}; DeepCTR 0.9.4 FiBiNET/DeepFM ({FIELDS} "
                  f"sparse fields of {VOCAB}, dim {DIM}, Adam), quickstart (Embedding 8 + Dense, Adagrad)", rows, runs)

@@ -214,7 +214,12 @@ SUMMARY = {
         "Before the fix of 2026-12-07 (a ps task's unit of dense updates gave every op of the unit one control "
         "input per gradient tensor: FiBiNET's step graph 33.6 MB), FiBiNET's 2-worker in-process fit peaked at "
         "6.0-6.1 GB at 5, 60 and 200 steps (2.2 GB with exact_updates=False and with TF's own strategy); its "
-        "step graph is now 9.2 MB."),
+        "step graph is now 9.2 MB. Run of 2026-12-07 22:57: no model grows with steps (10x the steps: 1.00-1.05x "
+        "the peak). FiBiNET misses the 2-worker bound: 2,797 MB against 2 x 923 + 175 = 2,021 (1.38); TF's own "
+        "strategy on the same cluster takes 2,341 MB (1.16 of the bound), so the bound is missed by TF itself "
+        "for this model, and tf_psx is 1.19x TF: its exact updates' ops (the step graph 9.2 MB against 5.0 MB "
+        "with exact_updates=False; each in-process worker and ps task holds its part). DeepFM 0.85 and the "
+        "quickstart 0.64 of the bound."),
     "hash_table_memory": (
         "Does a bounded hash table keep the ps memory flat over a long stream?",
         "bounded: ps RSS growth", ""),

@@ -23,6 +23,7 @@ from tf_psx import partitioners as _partitioners, weights as _weights
 from tf_psx._tf import fit_inputs as _fit_inputs, keras as _tf_keras, runtime as _runtime
 from tf_psx._tf import lookup_layers as _lookup_layers, tfra as _tfra
 from tf_psx._tf import captured_datasets as _captured_datasets, loss_reduction as _loss_reduction
+from tf_psx._tf import metric_results as _metric_results
 from tf_psx._tf import versions as _versions, weights as _weights_hook
 from tf_psx.cluster import ClusterConfig
 from tf_psx.cluster.config import ClusterSource
@@ -326,6 +327,8 @@ class ParameterServerStrategy(tf.distribute.ParameterServerStrategy):
         _loss_reduction.install(lambda strategy: isinstance(strategy, ParameterServerStrategy))
         # A dataset of the coordinator used inside a step (TFRS's FactorizedTopK candidates): rebuilt in the step.
         _captured_datasets.install()
+        # fit's and evaluate's logs: the metrics' state over the epoch, also beside keys that are not metrics (TFRS).
+        _metric_results.install()
         self.sync_controller = None
         if sync is not False:
             _sync_training.install()

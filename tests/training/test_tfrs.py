@@ -17,6 +17,8 @@ import tensorflow_recommenders as tfrs
 
 import tf_psx
 
+from conftest import run_script, script_results
+
 pytestmark = pytest.mark.cluster
 
 USERS, MOVIES, RATINGS = 60, 80, 1200
@@ -351,3 +353,22 @@ def test_ranking_and_retrieval_under_sync_training_match_one_process(sync_strate
     model, _, evaluated, _, _ = _retrieval(sync_strategy, start)
     _assert_same_weights(model, local)
     np.testing.assert_allclose(evaluated["loss"], local_eval["loss"], rtol=RTOL)
+
+
+@pytest.mark.processes
+def test_retrieval_with_two_async_workers_trains_and_evaluates_as_one_process_would():
+    # TFRS's Streaming top-k keeps a per-call row counter in a variable: with 2 workers on one ps both steps reset
+    # and advanced it at once ("Requires start <= limit", in every run of this script before the fix). Each worker
+    # now has its own (tf_psx._tf.worker_scratch), and the logs are the metrics' state (tf_psx._tf.metric_results).
+    result = script_results(run_script("tfrs_workers.py", "--workers", "2", "--epochs", "2"))[0]
+    assert [name.split(":")[0] for name in result["per_worker"]] == ["counter"], result["per_worker"]
+    # Evaluation of given weights is deterministic: the cluster's equals one process's on the same weights (before
+    # the fix its top-k accuracies were those of 600 of the 800 examples, read from one step's return).
+    for name, value in result["local_evaluated"].items():
+        if "categorical_accuracy" in name:
+            assert result["evaluated"][name] == pytest.approx(value, abs=1e-6), name
+    # Each epoch's accuracy is a count over exactly that epoch's 3,200 examples.
+    for name, values in result["history"].items():
+        if "categorical_accuracy" in name:
+            for value in values:
+                assert abs(value * 3200 - round(value * 3200)) < 1e-3, (name, values)

@@ -36,7 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_psx._tf import captured_datasets as _captured, step_tokens as _step_tokens, tfra as _tfra
-from tf_psx._tf import versions as _versions
+from tf_psx._tf import versions as _versions, worker_scratch as _worker_scratch
 from tf_psx._tf.keras import wrapped_like
 
 # tf-keras's Python train / test function called from the runner's own tf.function, converted explicitly
@@ -464,11 +464,15 @@ def _keras_step_of_worker_data(fn, args) -> bool:
 def schedule_with_batches(original):
     """`ClusterCoordinator.schedule` that, given a `FedIterator` first, reads the step's batches and sends them with it."""
 
+    def checked(self, fn, args=None, kwargs=None):
+        # A step's scratch variables get a copy per worker before its first dispatch (tf_psx._tf.worker_scratch).
+        return original(self, _worker_scratch.checked(self, fn, args, kwargs), args=args, kwargs=kwargs)
+
     def schedule(self, fn, args=None, kwargs=None):
         if args and isinstance(args[0], FedIterator) and not kwargs:
-            return _schedule_fed(self, original, fn, args[0], tuple(args[1:]))
+            return _schedule_fed(self, checked, fn, args[0], tuple(args[1:]))
         if _keras_step_of_worker_data(fn, args):
             wait_for_room(self)  # fit or evaluate of a DatasetCreator: bounded ahead too
-        return original(self, fn, args=args, kwargs=kwargs)
+        return checked(self, fn, args=args, kwargs=kwargs)
 
     return wrapped_like(schedule, original)
