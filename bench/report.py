@@ -129,6 +129,20 @@ SUMMARY = {
         "(dynamic_vs_static). A table whose keys eviction removes is a MutableHashTable (DenseHashTable's "
         "erase leaves duplicates behind tombstones): its find and insert cost 3.35x (small) to 10.3x (CTR "
         "scale) DenseHashTable's, so eviction policies make a table's update slower; not measured on a cluster."),
+    "dynamic_vs_static_ctr": (
+        "At CTR scale (batch 2048 x 26 ids over 2M, dim 16), does a hash-table embedding train as fast as a fixed "
+        "sharded table?",
+        "1 worker(s): DynamicEmbedding / ShardedEmbedding",
+        "Run of 2026-12-07 23:25 on TF 2.21 (3 rounds, paired, `bench/dynamic_vs_static.py --scale ctr`): "
+        "DynamicEmbedding on tf_psx's own tables (Adam) against ShardedEmbedding (fixed:2, LazyAdam). 1 worker "
+        "1.29 (1.29-1.31): the spread straddles 1.3, not judged; 2 workers 1.2 (1.2-1.27), met. The hash "
+        "table's update of ~53,000 keys a step is find 4.05 + rule 3.61 + insert 3.06 ms on one shard "
+        "(native_table_split); TFRA's layer was not run at this scale on the TFRA stack in this session."),
+    "table_bytes_per_key": (
+        "How many bytes does a hash table hold per key on its ps task as it grows, and does a step slow down "
+        "with the table's size?",
+        "native: worst point of growth from 1M keys (peak RSS) / raw",
+        ""),
     "dynamic_vs_static": (
         "Does a hash-table embedding (DynamicEmbedding: tf_psx's own tables on TF 2.21, TFRA's on TF 2.16.2) "
         "train as fast as a fixed sharded table?",

@@ -15,7 +15,7 @@ Prints `RESULT {json}` per layer x optimizer: the largest difference of any
 weight or table row between the two runs, the sync steps, the step of each
 batch and the sync statistics.
 
-Usage: sync_equivalence.py --layer sharded dynamic --optimizer adagrad lazyadam
+Usage: sync_equivalence.py --layer sharded dynamic native --optimizer adagrad lazyadam
        [--workers 2] [--batches 61] [--schedule exponential|cosine]
 """
 
@@ -63,8 +63,12 @@ def build_model(layer: str):
     dense = tf.keras.Input((DENSE,))
     if layer == "sharded":
         emb = tf_psx.layers.ShardedEmbedding(VOCAB, DIM, embeddings_initializer=tf.keras.initializers.RandomNormal(seed=1))
+    elif layer == "native":
+        # tf_psx's own tables: a key's initial row is drawn from the key and the layer's name, so the two models'
+        # layers (one name) start from the same rows.
+        emb = tf_psx.layers.DynamicEmbedding(DIM, table="native", name="rows")
     else:
-        emb = tf_psx.layers.DynamicEmbedding(DIM)
+        emb = tf_psx.layers.DynamicEmbedding(DIM, table="tfra")
     rows = tf.keras.layers.Flatten()(emb(ids))
     hidden = tf.keras.layers.Dense(8, activation="relu")(tf.keras.layers.Concatenate()([rows, dense]))
     out = tf.keras.layers.Dense(1)(hidden)
@@ -74,7 +78,7 @@ def build_model(layer: str):
 def rows_of(layer: str, emb) -> np.ndarray:
     if layer == "sharded":
         return emb.lookup_table()
-    keys, values = (t.numpy() for t in emb.table.export())
+    keys, values = emb.export() if layer == "native" else (t.numpy() for t in emb.table.export())
     table = np.zeros([VOCAB, DIM], np.float32)
     table[keys] = values
     return table
@@ -161,7 +165,7 @@ def run_pair(strategy, layer: str, optimizer: str, args) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layer", choices=("sharded", "dynamic"), nargs="+", required=True)
+    parser.add_argument("--layer", choices=("sharded", "dynamic", "native"), nargs="+", required=True)
     parser.add_argument("--optimizer", choices=("adagrad", "lazyadam"), nargs="+", required=True)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=61)

@@ -356,6 +356,7 @@ def test_ranking_and_retrieval_under_sync_training_match_one_process(sync_strate
 
 
 @pytest.mark.processes
+@pytest.mark.smoke
 def test_retrieval_with_two_async_workers_trains_and_evaluates_as_one_process_would():
     # TFRS's Streaming top-k keeps a per-call row counter in a variable: with 2 workers on one ps both steps reset
     # and advanced it at once ("Requires start <= limit", in every run of this script before the fix). Each worker

@@ -16,6 +16,7 @@ def _scratch_of(step, *variables):
     return [v.name.split(":")[0] for v in variables if id(v) in found]
 
 
+@pytest.mark.smoke
 def test_a_variable_overwritten_before_any_read_is_scratch_and_the_others_are_not():
     counter = tf.Variable(0, trainable=False, name="counter")
     total = tf.Variable(0.0, trainable=False, name="total")
