@@ -142,7 +142,14 @@ SUMMARY = {
         "How many bytes does a hash table hold per key on its ps task as it grows, and does a step slow down "
         "with the table's size?",
         "native: worst point of growth from 1M keys (peak RSS) / raw",
-        ""),
+        "Runs of 2026-12-07 23:27 (TF 2.21) and 23:29 (TF 2.16.2, the TFRA stack: its file holds TFRA's "
+        "layout beside). Raw: key + row + 2 Adam slots + bookkeeping = 212 B. tf_psx's store (DenseHashTable, "
+        "one packed value) holds 3.3-3.8x raw, 4.9x at its worst while growing, the same on both TFs; TFRA's "
+        "layout (three cuckoo tables of 16 floats, a key in each) 1.82-1.83x, 3.28x at its worst. "
+        "DenseHashTable's buckets are a power of two at load <= 0.8 (1.25-2.5x the keys), and the process's RSS "
+        "was about twice its bucket arrays (1M keys: 2,097,152 buckets, 424 MB; RSS +861 MB): the second copy is "
+        "not explained yet. A CTR step's update (find + Adam + insert of ~53,000 keys) takes 3.23x as long on "
+        "a 10M-key table as on a 100k-key one (random access over 2 GB): targets 2x and 1.2x missed."),
     "dynamic_vs_static": (
         "Does a hash-table embedding (DynamicEmbedding: tf_psx's own tables on TF 2.21, TFRA's on TF 2.16.2) "
         "train as fast as a fixed sharded table?",

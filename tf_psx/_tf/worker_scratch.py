@@ -32,6 +32,26 @@ logger = logging.getLogger("tf_psx")
 
 # def_function.Function -> the function to schedule instead (itself when it has no scratch variable).
 _CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# id(variable) -> weak reference: tf_psx's own variables that must stay where they are made (`keep_in_place`).
+_KEPT: dict = {}
+
+
+def keep_in_place(*variables) -> None:
+    """Marks tf_psx's own variables (step-token rings, journals, sync state) as never per worker.
+
+    A journal is written whole before the update it guards, so the rule
+    would take it for scratch; a re-run on another worker must find it on
+    the ps task.
+    """
+    for variable in variables:
+        if variable is not None:
+            inner = getattr(variable, "_v", variable)
+            _KEPT[id(inner)] = weakref.ref(inner)
+
+
+def _kept(variable) -> bool:
+    ref = _KEPT.get(id(variable))
+    return ref is not None and ref() is variable
 
 
 def _variables_by_handle(graph) -> dict:
@@ -53,7 +73,7 @@ def scratch_variables(graph) -> list:
     found = []
     for external, internal in graph.captures:
         variable = owners.get(id(external))
-        if variable is None or variable.trainable or isinstance(variable, _PerWorkerHandle):
+        if variable is None or variable.trainable or isinstance(variable, _PerWorkerHandle) or _kept(variable):
             continue
         consumers = internal.consumers()
         if not consumers:
@@ -87,7 +107,17 @@ def checked(coordinator, fn, args, kwargs):
         return done
     from tf_psx._tf.shadows import _make_per_worker  # pylint: disable=import-outside-toplevel
 
-    found = scratch_variables(_concrete(fn, args, kwargs).graph)
+    # Traced as `schedule` traces it: in the strategy's scope (slot variables made while tracing are placed by
+    # it) and marked as being scheduled (else TF warns that the strategy is used outside `schedule`).
+    extended = coordinator.strategy.extended
+    with coordinator.strategy.scope():
+        was = extended._being_scheduled  # pylint: disable=protected-access
+        extended._being_scheduled = True  # pylint: disable=protected-access
+        try:
+            graph = _concrete(fn, args, kwargs).graph
+        finally:
+            extended._being_scheduled = was  # pylint: disable=protected-access
+    found = scratch_variables(graph)
     replacement = fn
     if found:
         for variable in found:

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tf_psx._tf import step_tokens as _tokens
+from tf_psx._tf import step_tokens as _tokens, worker_scratch as _worker_scratch
 
 # Tokens kept per variable: more than the steps that can run between an
 # attempt of a step and its re-run: a killed worker's step was re-run after its restart, 20 s
@@ -104,6 +104,7 @@ def _ring(owner, key: str, kind: str, variable_scope, extra: int = 0):
         with tf.init_scope(), variable_scope():
             ring = tf.Variable(tf.zeros([RING_SIZE + 2 + extra], tf.int64), trainable=False, name=f"{name}_{kind}_tokens",
                                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        _worker_scratch.keep_in_place(ring)
         rings[(key, kind)] = ring
     return ring
 
@@ -139,6 +140,7 @@ def _journal(owner, key: str, kind: str, variable_scope, writes, whole, rows):
                 values.append(tf.Variable(tf.zeros(shape, variable.dtype), trainable=False,
                                           name=f"{name}_{kind}_journal_{index}",
                                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA))
+        _worker_scratch.keep_in_place(indices, *values)
         journal = journals[(key, kind)] = (indices, values)
     return journal
 

@@ -80,7 +80,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_psx._tf import exact_updates as _optimizer_door, runtime as _runtime
-from tf_psx._tf import step_tokens as _tokens, sync_training as _door
+from tf_psx._tf import step_tokens as _tokens, sync_training as _door, worker_scratch as _worker_scratch
 from tf_psx.errors import SyncStepError
 from tf_psx.training import exact_updates as _exact, step_once as _step_once, sync_accumulators as _accumulators
 
@@ -212,6 +212,7 @@ class SyncController:
         with tf.init_scope(), tf.device(STATE_DEVICE):
             self.state = tf.Variable(tf.constant(initial, tf.float64), trainable=False, name="tf_psx_sync_state")
             self.lock = tf.CriticalSection(shared_name=f"tf_psx_sync_lock_{next(_ids)}")
+        _worker_scratch.keep_in_place(self.state)
         self._claims = _door.StepClaims()
         self._accumulators: dict = {}
         # (accumulator ids) -> (the number a pending mark names them by, the accumulators): `_accumulator_set`.
